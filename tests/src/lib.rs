@@ -1,0 +1,1 @@
+//! End-to-end test helpers: start den's real binaries on loopback.
