@@ -11,9 +11,11 @@
 //! - [`observation`]: heartbeat payloads; [`calibration`]: EWMA cost calibration.
 
 pub mod calibration;
-pub mod capacity;
 pub mod candidate;
+pub mod candidates;
+pub mod capacity;
 pub mod chunk;
+pub mod discovery;
 pub mod ids;
 pub mod observation;
 pub mod request;
