@@ -1,0 +1,5 @@
+//! den-agent: the headless router and worker roles of a den cluster.
+//!
+//! The binary (`src/main.rs`) is a thin command-line shell over these modules; the
+//! decisions themselves live in `den-protocol`, and this crate interprets their effects
+//! with real sockets, timers, memory and storage.
