@@ -8,15 +8,23 @@
 //! - [`ids`], [`time`], [`request`]: identities, logical time, validated requests;
 //! - [`candidate`]: candidates, estimates (predicted TTFT) and ranking;
 //! - [`chunk`]: chained prefix hashes at a fixed chunk size;
-//! - [`observation`]: heartbeat payloads; [`calibration`]: EWMA cost calibration.
+//! - [`observation`]: heartbeat payloads; [`calibration`]: EWMA cost calibration;
+//! - [`wire`]: control-channel frames and their codec;
+//! - [`router`], [`worker`]: the router and worker state machines; [`decision`]: the
+//!   router's decision records;
+//! - [`sim`]: the deterministic simulator that drives both machines.
 
 pub mod calibration;
 pub mod candidate;
 pub mod candidates;
 pub mod capacity;
 pub mod chunk;
+pub mod decision;
 pub mod discovery;
 pub mod ids;
 pub mod observation;
 pub mod request;
+pub mod router;
 pub mod time;
+pub mod wire;
+pub mod worker;
