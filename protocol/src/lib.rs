@@ -25,6 +25,7 @@ pub mod ids;
 pub mod observation;
 pub mod request;
 pub mod router;
+pub mod sim;
 pub mod time;
 pub mod wire;
 pub mod worker;
