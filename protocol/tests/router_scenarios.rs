@@ -1,0 +1,710 @@
+//! Router scenarios (spec §7.3 R-5, R-6, C-1, C-2) and the fencing, deadline, retention
+//! and decision-record rules of §2 and §12.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use common::{MODEL, locals, offer, router_cand, router_request, sends};
+use den_protocol::candidate::{Candidate, Tier};
+use den_protocol::capacity::DeclineReason;
+use den_protocol::decision::{AttemptOutcome, DecisionEventKind, TerminalOutcome};
+use den_protocol::ids::{AssignmentId, Epoch, RequestId, WorkerId};
+use den_protocol::request::GenerationRequest;
+use den_protocol::router::{
+    Delivery, DeliveryKind, LocalRouterEffect, Phase, Router, RouterConfig, RouterEffect,
+    RouterError, RouterInput,
+};
+use den_protocol::time::Millis;
+use den_protocol::wire::{Failure, FailureKind, WorkerResult};
+
+const T0: Millis = Millis(0);
+
+fn a(request: &str, attempt: u64) -> AssignmentId {
+    AssignmentId::new(request, attempt)
+}
+
+fn accept(assignment: AssignmentId) -> RouterInput {
+    RouterInput::OfferResult {
+        assignment,
+        worker_epoch: Epoch(0),
+        accepted: true,
+        reason: None,
+    }
+}
+
+fn decline(assignment: AssignmentId, reason: DeclineReason) -> RouterInput {
+    RouterInput::OfferResult {
+        assignment,
+        worker_epoch: Epoch(0),
+        accepted: false,
+        reason: Some(reason),
+    }
+}
+
+fn token(assignment: AssignmentId, token: u32, index: u32) -> RouterInput {
+    RouterInput::Token {
+        assignment,
+        token,
+        index,
+    }
+}
+
+fn completed(assignment: AssignmentId, tokens: Vec<u32>) -> RouterInput {
+    RouterInput::Result {
+        assignment,
+        result: WorkerResult::completed(tokens, 0),
+    }
+}
+
+fn deliveries(effects: &[RouterEffect]) -> Vec<&Delivery> {
+    effects
+        .iter()
+        .filter_map(|e| match e {
+            RouterEffect::Local(LocalRouterEffect::Deliver(d)) => Some(d),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Router with request `r` submitted over candidates `first` (best) and `second`.
+fn two_candidate_router() -> (Router, Vec<RouterEffect>) {
+    let mut router = Router::default();
+    let first = router_cand("first", Tier::Gpu, 100);
+    let second = router_cand("second", Tier::None, 0);
+    let effects = router.handle(
+        T0,
+        RouterInput::submit(router_request("r"), vec![second, first]),
+    );
+    (router, effects)
+}
+
+#[test]
+fn r_5_decline_offers_the_next_candidate_and_a_stale_result_is_fenced() {
+    let (mut router, effects) = two_candidate_router();
+    assert_eq!(sends(&effects), [("offer", "first".to_owned(), 1)]);
+    let effects = router.handle(
+        Millis(1),
+        decline(a("r", 1), DeclineReason::InsufficientPages),
+    );
+    assert_eq!(sends(&effects), [("offer", "second".to_owned(), 2)]);
+    // Decision: the declined attempt's timer is cancelled before the next one is set.
+    let timers: Vec<_> = locals(&effects)
+        .into_iter()
+        .filter(|l| l.ends_with("timer"))
+        .collect();
+    assert_eq!(timers, ["cancel-offer-timer", "set-offer-timer"]);
+    router.handle(Millis(2), accept(a("r", 2)));
+    let before = router.clone();
+    let effects = router.handle(Millis(3), completed(a("r", 1), vec![99]));
+    assert!(effects.is_empty());
+    assert_eq!(router, before);
+    let effects = router.handle(Millis(4), completed(a("r", 2), vec![7]));
+    let d = deliveries(&effects);
+    assert_eq!(d.len(), 1);
+    assert!(matches!(&d[0].kind, DeliveryKind::Completed { result } if result.tokens == [7]));
+    assert_eq!(router.phase(&"r".into()), Some(Phase::Completed));
+}
+
+#[test]
+fn r_6_deltas_are_ordered_and_disable_unsafe_retry() {
+    let (mut router, _) = two_candidate_router();
+    router.handle(Millis(1), accept(a("r", 1)));
+    let effects = router.handle(Millis(2), token(a("r", 1), 7, 0));
+    let d = deliveries(&effects);
+    assert_eq!(d.len(), 1);
+    assert_eq!(d[0].kind, DeliveryKind::Delta { token: 7, index: 0 });
+    assert!(
+        router.handle(Millis(3), token(a("r", 1), 7, 0)).is_empty(),
+        "duplicate"
+    );
+    assert!(
+        router.handle(Millis(3), token(a("r", 1), 9, 2)).is_empty(),
+        "gap"
+    );
+    let effects = router.handle(
+        Millis(4),
+        RouterInput::WorkerUnavailable {
+            worker: "first".into(),
+            assignment: a("r", 1),
+        },
+    );
+    assert_eq!(router.phase(&"r".into()), Some(Phase::Failed));
+    let d = deliveries(&effects);
+    assert_eq!(d.len(), 1);
+    assert_eq!(
+        d[0].kind,
+        DeliveryKind::Error {
+            error: RouterError::WorkerUnavailableAfterStream {
+                worker: "first".into(),
+                delivered: 1
+            }
+        }
+    );
+    assert!(
+        sends(&effects).is_empty(),
+        "no retry offer after a streamed token"
+    );
+    assert!(
+        router.handle(Millis(5), token(a("r", 1), 8, 1)).is_empty(),
+        "post-terminal delta"
+    );
+}
+
+#[test]
+fn failed_result_after_stream_is_worker_failed_after_stream() {
+    let (mut router, _) = two_candidate_router();
+    router.handle(Millis(1), accept(a("r", 1)));
+    router.handle(Millis(2), token(a("r", 1), 7, 0));
+    let reason = Failure::new(FailureKind::DecodeFailed, "device lost");
+    let effects = router.handle(
+        Millis(3),
+        RouterInput::Result {
+            assignment: a("r", 1),
+            result: WorkerResult::failed(reason.clone()),
+        },
+    );
+    let d = deliveries(&effects);
+    assert_eq!(d.len(), 1);
+    let DeliveryKind::Error { error } = &d[0].kind else {
+        panic!("expected an error, got {:?}", d[0].kind);
+    };
+    assert_eq!(
+        error,
+        &RouterError::WorkerFailedAfterStream {
+            worker: "first".into(),
+            reason,
+            delivered: 1
+        }
+    );
+    assert!(error.to_string().contains("decode-failed: device lost"));
+    assert!(sends(&effects).is_empty());
+}
+
+#[test]
+fn failed_result_before_stream_retries_the_next_candidate() {
+    let (mut router, _) = two_candidate_router();
+    router.handle(Millis(1), accept(a("r", 1)));
+    let effects = router.handle(
+        Millis(2),
+        RouterInput::Result {
+            assignment: a("r", 1),
+            result: WorkerResult::failed(Failure::new(FailureKind::RestoreFailed, "missing chunk")),
+        },
+    );
+    assert_eq!(sends(&effects), [("offer", "second".to_owned(), 2)]);
+    let record = router.record(&"r".into()).unwrap();
+    assert!(matches!(
+        &record.attempts[0].outcome,
+        AttemptOutcome::Failed { reason } if reason.kind == FailureKind::RestoreFailed
+    ));
+}
+
+/// A timer table as a runtime keeps it: set adds, cancel removes.
+#[derive(Default)]
+struct Timers(BTreeSet<String>);
+
+impl Timers {
+    fn apply(&mut self, effects: &[RouterEffect]) {
+        for e in effects {
+            match e {
+                RouterEffect::Local(LocalRouterEffect::SetOfferTimer { assignment, .. }) => {
+                    self.0.insert(format!("offer {assignment}"));
+                }
+                RouterEffect::Local(LocalRouterEffect::CancelOfferTimer { assignment }) => {
+                    self.0.remove(&format!("offer {assignment}"));
+                }
+                RouterEffect::Local(LocalRouterEffect::SetDeadlineTimer { request, .. }) => {
+                    self.0.insert(format!("deadline {request}"));
+                }
+                RouterEffect::Local(LocalRouterEffect::CancelDeadlineTimer { request }) => {
+                    self.0.remove(&format!("deadline {request}"));
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+fn c_request() -> GenerationRequest {
+    GenerationRequest::new("request-a", MODEL, vec![1, 2, 3], 2).unwrap()
+}
+
+fn c_candidates() -> Vec<Candidate> {
+    let slow = Candidate {
+        queue_ms: 50.0,
+        ..router_cand("slow", Tier::None, 0)
+    };
+    vec![slow, router_cand("fast", Tier::None, 0)]
+}
+
+#[test]
+fn c_1_offer_goes_to_the_faster_candidate_and_no_timer_remains() {
+    let mut router = Router::default();
+    let mut timers = Timers::default();
+    let effects = router.handle(T0, RouterInput::submit(c_request(), c_candidates()));
+    timers.apply(&effects);
+    assert_eq!(sends(&effects), [("offer", "fast".to_owned(), 1)]);
+    let effects = router.handle(Millis(1), accept(a("request-a", 1)));
+    timers.apply(&effects);
+    assert!(
+        timers.0.iter().all(|t| !t.starts_with("offer")),
+        "{:?}",
+        timers.0
+    );
+    assert!(
+        router
+            .handle(Millis(2), completed(a("request-a", 999), vec![1]))
+            .is_empty()
+    );
+    let result = WorkerResult {
+        cached_token_count: 2,
+        ..WorkerResult::completed(vec![5, 6], 0)
+    };
+    let effects = router.handle(
+        Millis(3),
+        RouterInput::Result {
+            assignment: a("request-a", 1),
+            result: result.clone(),
+        },
+    );
+    timers.apply(&effects);
+    assert_eq!(
+        deliveries(&effects)[0].kind,
+        DeliveryKind::Completed { result },
+        "delivered verbatim"
+    );
+    assert!(timers.0.is_empty(), "{:?}", timers.0);
+}
+
+#[test]
+fn c_2_offer_timeout_cancels_the_first_worker_before_offering_the_second() {
+    let mut router = Router::default();
+    let mut all = router.handle(T0, RouterInput::submit(c_request(), c_candidates()));
+    let timer = all.iter().find_map(|e| match e {
+        RouterEffect::Local(LocalRouterEffect::SetOfferTimer { assignment, at }) => {
+            Some((assignment.clone(), *at))
+        }
+        _ => None,
+    });
+    let (assignment, at) = timer.expect("an offer timer");
+    assert_eq!(at, Millis(RouterConfig::default().offer_timeout_ms));
+    all.extend(router.handle(at, RouterInput::OfferTimeout { assignment }));
+    assert_eq!(
+        sends(&all),
+        [
+            ("offer", "fast".to_owned(), 1),
+            ("cancel", "fast".to_owned(), 1),
+            ("offer", "slow".to_owned(), 2)
+        ]
+    );
+    assert_eq!(
+        router.assignment(&"request-a".into()),
+        Some(&a("request-a", 2))
+    );
+}
+
+#[test]
+fn offers_are_sent_before_their_timer_is_set() {
+    let (_, effects) = two_candidate_router();
+    let send = effects
+        .iter()
+        .position(|e| matches!(e, RouterEffect::Send(_)));
+    let timer = effects.iter().position(|e| {
+        matches!(
+            e,
+            RouterEffect::Local(LocalRouterEffect::SetOfferTimer { .. })
+        )
+    });
+    assert!(send.unwrap() < timer.unwrap());
+    let o = offer(&effects).unwrap();
+    assert_eq!(o.worker_epoch, Epoch(0));
+    assert_eq!(o.estimate.ttft_ms, 2.0);
+    assert_eq!(o.request.id, RequestId::from("r"));
+}
+
+#[test]
+fn late_timeouts_and_late_accepts_are_fenced() {
+    let (mut router, _) = two_candidate_router();
+    router.handle(
+        Millis(100),
+        RouterInput::OfferTimeout {
+            assignment: a("r", 1),
+        },
+    );
+    let before = router.clone();
+    assert!(router.handle(Millis(101), accept(a("r", 1))).is_empty());
+    assert!(
+        router
+            .handle(
+                Millis(102),
+                RouterInput::OfferTimeout {
+                    assignment: a("r", 1)
+                }
+            )
+            .is_empty()
+    );
+    assert!(
+        router
+            .handle(Millis(103), decline(a("r", 1), DeclineReason::Draining))
+            .is_empty()
+    );
+    assert_eq!(router, before);
+    router.handle(Millis(104), accept(a("r", 2)));
+    // Offer results are only honoured while offered.
+    assert!(
+        router
+            .handle(Millis(105), decline(a("r", 2), DeclineReason::Draining))
+            .is_empty()
+    );
+    assert!(
+        router
+            .handle(
+                Millis(106),
+                RouterInput::OfferTimeout {
+                    assignment: a("r", 2)
+                }
+            )
+            .is_empty()
+    );
+    assert_eq!(router.phase(&"r".into()), Some(Phase::Assigned));
+}
+
+#[test]
+fn unavailability_must_name_the_current_attempts_worker() {
+    let (mut router, _) = two_candidate_router();
+    let wrong = RouterInput::WorkerUnavailable {
+        worker: "second".into(),
+        assignment: a("r", 1),
+    };
+    assert!(router.handle(Millis(1), wrong).is_empty());
+    let stale = RouterInput::WorkerUnavailable {
+        worker: "first".into(),
+        assignment: a("r", 7),
+    };
+    assert!(router.handle(Millis(1), stale).is_empty());
+    let right = RouterInput::WorkerUnavailable {
+        worker: "first".into(),
+        assignment: a("r", 1),
+    };
+    let effects = router.handle(Millis(2), right);
+    assert_eq!(sends(&effects), [("offer", "second".to_owned(), 2)]);
+    assert_eq!(locals(&effects)[0], "cancel-offer-timer");
+}
+
+#[test]
+fn decline_reasons_are_kept_in_the_decision_record() {
+    let (mut router, _) = two_candidate_router();
+    router.handle(
+        Millis(1),
+        decline(a("r", 1), DeclineReason::InsufficientPages),
+    );
+    let effects = router.handle(
+        Millis(2),
+        RouterInput::OfferResult {
+            assignment: a("r", 2),
+            worker_epoch: Epoch(4),
+            accepted: false,
+            reason: Some(DeclineReason::WorkerEpochChanged),
+        },
+    );
+    let record = router.record(&"r".into()).unwrap();
+    assert_eq!(
+        record.decline_reasons(),
+        [
+            Some(DeclineReason::InsufficientPages),
+            Some(DeclineReason::WorkerEpochChanged)
+        ]
+    );
+    assert_eq!(
+        record.attempts[1].outcome,
+        AttemptOutcome::Declined {
+            reason: Some(DeclineReason::WorkerEpochChanged),
+            worker_epoch: Epoch(4)
+        }
+    );
+    let d = deliveries(&effects);
+    let DeliveryKind::Error { error } = &d[0].kind else {
+        panic!("expected an error");
+    };
+    let RouterError::NoFeasibleWorker { summary } = error else {
+        panic!("expected no-feasible-worker, got {error:?}");
+    };
+    assert_eq!(summary.attempts, 2);
+    let text = error.to_string();
+    assert!(text.contains("2 offer(s) failed"), "{text}");
+    assert!(
+        text.contains("second declined (worker-epoch-changed)"),
+        "{text}"
+    );
+    assert!(!text.contains('\n'));
+    assert!(matches!(
+        record.outcome,
+        Some(TerminalOutcome::Failed {
+            error: RouterError::NoFeasibleWorker { .. }
+        })
+    ));
+}
+
+#[test]
+fn no_feasible_worker_at_submission_names_the_infeasible_reasons() {
+    let mut router = Router::default();
+    let tight = Candidate {
+        free_pages: 1,
+        ..router_cand("a", Tier::None, 0)
+    };
+    let offline = Candidate {
+        online: false,
+        ..router_cand("b", Tier::None, 0)
+    };
+    let effects = router.handle(
+        T0,
+        RouterInput::submit(router_request("r"), vec![tight, offline]),
+    );
+    assert!(sends(&effects).is_empty());
+    let d = deliveries(&effects);
+    assert_eq!(d.len(), 1);
+    let text = match &d[0].kind {
+        DeliveryKind::Error { error } => error.to_string(),
+        other => panic!("expected an error, got {other:?}"),
+    };
+    assert!(
+        text.contains("worker-offline ×1, insufficient-pages ×1"),
+        "{text}"
+    );
+    let record = router.record(&"r".into()).unwrap();
+    assert_eq!(record.candidates.infeasible.len(), 2);
+    assert!(locals(&effects).contains(&"cancel-deadline-timer"));
+    let empty = router.handle(T0, RouterInput::submit(router_request("s"), vec![]));
+    let text = match &deliveries(&empty)[0].kind {
+        DeliveryKind::Error { error } => error.to_string(),
+        other => panic!("expected an error, got {other:?}"),
+    };
+    assert!(text.contains("no candidates were given"), "{text}");
+}
+
+#[test]
+fn deadline_expiry_fails_with_deadline_exceeded_and_cancels_the_worker() {
+    let mut router = Router::default();
+    let effects = router.handle(
+        T0,
+        RouterInput::Submit {
+            request: Arc::new(router_request("r")),
+            candidates: vec![router_cand("w", Tier::None, 0)],
+            deadline: Some(Millis(500)),
+        },
+    );
+    assert!(
+        effects.iter().any(|e| matches!(e,
+        RouterEffect::Local(LocalRouterEffect::SetDeadlineTimer { at, .. }) if *at == Millis(500)))
+    );
+    router.handle(Millis(1), accept(a("r", 1)));
+    let early = RouterInput::DeadlineExpired {
+        request: "r".into(),
+    };
+    assert!(
+        router.handle(Millis(499), early.clone()).is_empty(),
+        "not yet due"
+    );
+    let effects = router.handle(Millis(500), early.clone());
+    assert_eq!(sends(&effects), [("cancel", "w".to_owned(), 1)]);
+    assert_eq!(
+        deliveries(&effects)[0].kind,
+        DeliveryKind::Error {
+            error: RouterError::DeadlineExceeded {
+                deadline: Millis(500)
+            }
+        }
+    );
+    let record = router.record(&"r".into()).unwrap();
+    assert_eq!(record.attempts[0].outcome, AttemptOutcome::Superseded);
+    assert!(router.handle(Millis(501), early).is_empty(), "terminal");
+}
+
+#[test]
+fn default_deadline_applies_and_a_past_deadline_fails_at_once() {
+    let config = RouterConfig {
+        default_deadline_ms: 250,
+        ..RouterConfig::default()
+    };
+    let mut router = Router::new(config);
+    router.handle(
+        Millis(10),
+        RouterInput::submit(router_request("r"), vec![router_cand("w", Tier::None, 0)]),
+    );
+    assert_eq!(router.record(&"r".into()).unwrap().deadline, Millis(260));
+    let effects = router.handle(
+        Millis(20),
+        RouterInput::Submit {
+            request: Arc::new(router_request("late")),
+            candidates: vec![router_cand("w", Tier::None, 0)],
+            deadline: Some(Millis(20)),
+        },
+    );
+    assert!(sends(&effects).is_empty());
+    assert!(matches!(
+        deliveries(&effects)[0].kind,
+        DeliveryKind::Error {
+            error: RouterError::DeadlineExceeded { .. }
+        }
+    ));
+}
+
+#[test]
+fn terminal_records_are_collected_after_retention() {
+    let mut router = Router::new(RouterConfig {
+        retention_ms: 100,
+        ..RouterConfig::default()
+    });
+    router.handle(
+        T0,
+        RouterInput::submit(router_request("r"), vec![router_cand("w", Tier::None, 0)]),
+    );
+    router.handle(Millis(5), accept(a("r", 1)));
+    router.handle(Millis(10), completed(a("r", 1), vec![1]));
+    assert!(router.handle(Millis(109), RouterInput::Tick).is_empty());
+    assert!(router.record(&"r".into()).is_some());
+    let effects = router.handle(Millis(110), RouterInput::Tick);
+    assert!(
+        matches!(&effects[..], [RouterEffect::Local(LocalRouterEffect::Decision(d))]
+        if d.kind == DecisionEventKind::Collected)
+    );
+    assert!(router.record(&"r".into()).is_none());
+    assert_eq!(router.counts().completed, 0);
+    assert_eq!(router.counts().collected, 1);
+    assert!(
+        router
+            .handle(Millis(111), completed(a("r", 1), vec![1]))
+            .is_empty()
+    );
+    // After collection the id is unknown: a new submit is a new request.
+    let effects = router.handle(
+        Millis(112),
+        RouterInput::submit(router_request("r"), vec![router_cand("w", Tier::None, 0)]),
+    );
+    assert_eq!(sends(&effects), [("offer", "w".to_owned(), 1)]);
+}
+
+#[test]
+fn duplicate_submit_of_a_known_id_is_ignored() {
+    let (mut router, _) = two_candidate_router();
+    let before = router.clone();
+    let again = router.handle(
+        Millis(1),
+        RouterInput::submit(
+            router_request("r"),
+            vec![router_cand("other", Tier::None, 0)],
+        ),
+    );
+    assert!(again.is_empty());
+    assert_eq!(router, before);
+}
+
+#[test]
+fn cancel_tells_the_current_worker_and_delivers_cancelled_once() {
+    let (mut router, _) = two_candidate_router();
+    let effects = router.handle(
+        Millis(1),
+        RouterInput::Cancel {
+            request: "r".into(),
+        },
+    );
+    assert_eq!(sends(&effects), [("cancel", "first".to_owned(), 1)]);
+    assert!(locals(&effects).contains(&"cancel-offer-timer"));
+    assert_eq!(deliveries(&effects)[0].kind, DeliveryKind::Cancelled);
+    assert!(
+        router
+            .handle(
+                Millis(2),
+                RouterInput::Cancel {
+                    request: "r".into()
+                }
+            )
+            .is_empty()
+    );
+    assert!(router.handle(Millis(3), accept(a("r", 1))).is_empty());
+    let record = router.record(&"r".into()).unwrap();
+    assert_eq!(record.attempts[0].outcome, AttemptOutcome::Cancelled);
+    assert_eq!(record.outcome, Some(TerminalOutcome::Cancelled));
+}
+
+#[test]
+fn in_flight_index_follows_current_attempts() {
+    let (mut router, _) = two_candidate_router();
+    let first = WorkerId::from("first");
+    assert_eq!(
+        router.in_flight_on(&first).collect::<Vec<_>>(),
+        [&a("r", 1)]
+    );
+    assert_eq!(
+        router.unavailable_inputs(&first),
+        [RouterInput::WorkerUnavailable {
+            worker: first.clone(),
+            assignment: a("r", 1)
+        }]
+    );
+    router.handle(Millis(1), decline(a("r", 1), DeclineReason::Draining));
+    assert_eq!(router.in_flight_on(&first).count(), 0);
+    assert_eq!(router.in_flight_on(&"second".into()).count(), 1);
+    assert_eq!(router.counts().offered, 1);
+    router.handle(Millis(2), accept(a("r", 2)));
+    assert_eq!((router.counts().offered, router.counts().assigned), (0, 1));
+    router.handle(Millis(3), completed(a("r", 2), vec![]));
+    assert_eq!(router.counts().in_flight(), 0);
+    assert_eq!(router.counts().completed, 1);
+    assert_eq!(router.in_flight_on(&"second".into()).count(), 0);
+}
+
+#[test]
+fn the_record_measures_ttft_and_keeps_the_workers_actual_cached_count() {
+    let (mut router, _) = two_candidate_router();
+    router.handle(Millis(3), accept(a("r", 1)));
+    router.handle(Millis(9), token(a("r", 1), 5, 0));
+    let result = WorkerResult {
+        cached_token_count: 64,
+        ..WorkerResult::completed(vec![5], 0)
+    };
+    router.handle(
+        Millis(12),
+        RouterInput::Result {
+            assignment: a("r", 1),
+            result,
+        },
+    );
+    let record = router.record(&"r".into()).unwrap();
+    assert_eq!(record.measured_ttft_ms, Some(9));
+    assert_eq!(record.first_delta_at, Some(Millis(9)));
+    assert_eq!(record.actual_cached_tokens, Some(64));
+    assert_eq!(record.chosen().unwrap().accepted_at, Some(Millis(3)));
+    assert_eq!(record.chosen().unwrap().predicted_ttft_ms, 2.0);
+    assert_eq!(record.finished_at, Some(Millis(12)));
+    let json = serde_json::to_value(record).unwrap();
+    assert_eq!(json["attempts"][0]["outcome"]["kind"], "completed");
+    assert_eq!(json["candidates"]["feasible"].as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn router_errors_display_as_one_line() {
+    let errors = [
+        RouterError::WorkerUnavailableAfterStream {
+            worker: "w".into(),
+            delivered: 3,
+        },
+        RouterError::WorkerFailedAfterStream {
+            worker: "w".into(),
+            reason: Failure::unspecified(),
+            delivered: 1,
+        },
+        RouterError::DeadlineExceeded {
+            deadline: Millis(9),
+        },
+    ];
+    for e in errors {
+        let text = e.to_string();
+        assert!(
+            !text.contains('\n') && text.contains("resubmit") || text.contains("retry"),
+            "{text}"
+        );
+    }
+}
