@@ -3,17 +3,20 @@
 //! The router keeps one [`DecisionRecord`] per request from submission until the record
 //! is garbage-collected, and emits a small [`DecisionEvent`] at every change so that
 //! runtimes can stream decisions to the console and recordings without copying the whole
-//! record each time. The record holds the full candidate snapshot (feasible candidates in
-//! offer order, infeasible ones with their reason), every attempt with its outcome and
-//! reason, and the measured outcome next to the prediction.
+//! record each time. The record holds the full candidate snapshot (every candidate with its
+//! estimate: predicted TTFT, or the reason it is infeasible), every attempt with its
+//! outcome and reason, and the measured outcome next to the prediction.
 
+use std::cmp::Ordering;
 use std::fmt;
 
-use serde::{Deserialize, Serialize};
+use serde::ser::SerializeSeq;
+use serde::{Deserialize, Serialize, Serializer};
 
-use crate::candidate::{Ranking, Tier};
+use crate::candidate::{Candidate, Estimate, Ranking, Scored, Tier, estimate};
 use crate::capacity::DeclineReason;
 use crate::ids::{Epoch, ModelFingerprint, RequestId, WorkerId};
+use crate::request::GenerationRequest;
 use crate::router::RouterError;
 use crate::time::Millis;
 use crate::wire::{Failure, WorkerTimings};
@@ -27,9 +30,9 @@ pub struct DecisionRecord {
     pub max_new_tokens: u32,
     pub submitted_at: Millis,
     pub deadline: Millis,
-    /// The candidate snapshot taken at submission: feasible candidates in offer order and
-    /// infeasible ones with their reason, each with its estimate (predicted TTFT).
-    pub candidates: Ranking,
+    /// The candidate snapshot taken at submission, each with its estimate (predicted
+    /// TTFT, or why it is infeasible). [`CandidateSnapshot::ranking`] gives offer order.
+    pub candidates: CandidateSnapshot,
     pub attempts: Vec<AttemptRecord>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_delta_at: Option<Millis>,
@@ -201,4 +204,143 @@ pub enum DecisionEventKind {
     },
     /// The record was garbage-collected after its retention period.
     Collected,
+}
+
+/// Every candidate of one request with its estimate, in submission order.
+///
+/// The router ranks lazily: the first offer needs only the best candidate (one linear
+/// pass); the full offer order is sorted only if a fallback is needed. Both use the order
+/// of [`crate::candidate::offer_order`] — `(ttft, −cached, worker id, tier)`, ties kept in
+/// submission order — so the offers made are exactly those of [`crate::candidate::rank`].
+/// Serialised as a list of `{candidate, estimate}` pairs.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(from = "Vec<Scored>")]
+pub struct CandidateSnapshot {
+    candidates: Vec<Candidate>,
+    estimates: Vec<Estimate>,
+}
+
+impl CandidateSnapshot {
+    /// Estimate every candidate for `request` (no copies of the candidates).
+    pub fn score(request: &GenerationRequest, candidates: Vec<Candidate>) -> Self {
+        let estimates = candidates.iter().map(|c| estimate(request, c)).collect();
+        CandidateSnapshot {
+            candidates,
+            estimates,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.candidates.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.candidates.is_empty()
+    }
+
+    /// Candidate `i` (submission order) with its estimate.
+    pub fn get(&self, i: usize) -> Option<(&Candidate, &Estimate)> {
+        Some((self.candidates.get(i)?, self.estimates.get(i)?))
+    }
+
+    /// Every candidate with its estimate, in submission order.
+    pub fn iter(&self) -> impl Iterator<Item = (&Candidate, &Estimate)> {
+        self.candidates.iter().zip(&self.estimates)
+    }
+
+    pub fn feasible_count(&self) -> usize {
+        self.estimates.iter().filter(|e| e.feasible()).count()
+    }
+
+    /// The infeasible candidates with their estimates (and reasons), submission order.
+    pub fn infeasible(&self) -> impl Iterator<Item = (&Candidate, &Estimate)> {
+        self.iter().filter(|(_, e)| !e.feasible())
+    }
+
+    /// The first feasible candidate in offer order, in one pass.
+    pub fn best(&self) -> Option<usize> {
+        let mut best: Option<usize> = None;
+        for (i, e) in self.estimates.iter().enumerate() {
+            if !e.feasible() {
+                continue;
+            }
+            best = match best {
+                Some(b) if self.compare(b, i) != Ordering::Greater => Some(b),
+                _ => Some(i),
+            };
+        }
+        best
+    }
+
+    /// Feasible candidates in offer order (submission order breaks exact ties).
+    pub fn offer_order(&self) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..self.len())
+            .filter(|i| self.estimates.get(*i).is_some_and(Estimate::feasible))
+            .collect();
+        order.sort_by(|a, b| self.compare(*a, *b));
+        order
+    }
+
+    /// The snapshot as a [`Ranking`]: feasible in offer order, infeasible after (copies).
+    pub fn ranking(&self) -> Ranking {
+        let scored = |i: usize| {
+            self.get(i).map(|(c, e)| Scored {
+                candidate: c.clone(),
+                estimate: e.clone(),
+            })
+        };
+        Ranking {
+            feasible: self.offer_order().into_iter().filter_map(scored).collect(),
+            infeasible: (0..self.len())
+                .filter(|i| self.estimates.get(*i).is_some_and(|e| !e.feasible()))
+                .filter_map(scored)
+                .collect(),
+        }
+    }
+
+    /// [`crate::candidate::offer_order`] on two indices.
+    fn compare(&self, a: usize, b: usize) -> Ordering {
+        match (self.get(a), self.get(b)) {
+            (Some((ca, ea)), Some((cb, eb))) => ea
+                .ttft_ms
+                .total_cmp(&eb.ttft_ms)
+                .then_with(|| cb.cached_token_count.cmp(&ca.cached_token_count))
+                .then_with(|| ca.worker_id.cmp(&cb.worker_id))
+                .then_with(|| ca.tier.cmp(&cb.tier)),
+            // Indices come from this snapshot; keep the order total anyway.
+            _ => a.cmp(&b),
+        }
+    }
+}
+
+impl From<Vec<Scored>> for CandidateSnapshot {
+    fn from(scored: Vec<Scored>) -> Self {
+        let (candidates, estimates) = scored
+            .into_iter()
+            .map(|s| (s.candidate, s.estimate))
+            .unzip();
+        CandidateSnapshot {
+            candidates,
+            estimates,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct ScoredRef<'a> {
+    candidate: &'a Candidate,
+    estimate: &'a Estimate,
+}
+
+impl Serialize for CandidateSnapshot {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut seq = s.serialize_seq(Some(self.len()))?;
+        for (candidate, estimate) in self.iter() {
+            seq.serialize_element(&ScoredRef {
+                candidate,
+                estimate,
+            })?;
+        }
+        seq.end()
+    }
 }

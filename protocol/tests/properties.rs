@@ -14,8 +14,9 @@ mod common;
 use std::collections::BTreeMap;
 
 use common::MODEL;
-use den_protocol::candidate::{Candidate, Tier, TransferCapabilities};
+use den_protocol::candidate::{Candidate, Tier, TransferCapabilities, rank};
 use den_protocol::capacity::{Capacity, DeclineReason};
+use den_protocol::decision::CandidateSnapshot;
 use den_protocol::ids::{AssignmentId, RequestId, WorkerId};
 use den_protocol::request::GenerationRequest;
 use den_protocol::router::{DeliveryKind, LocalRouterEffect, Phase, RouterEffect, RouterInput};
@@ -484,6 +485,26 @@ fn check_deliveries(sim: &Simulation, ids: &[RequestId]) {
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// The router's lazy ranking offers exactly what `candidate::rank` orders.
+    #[test]
+    fn lazy_snapshot_order_equals_rank(
+        processed in 1u32..40,
+        alts in prop::collection::vec((alt(), 0u8..3), 0..24),
+    ) {
+        let sim = Simulation::new(SimConfig::default());
+        let request = GenerationRequest::new("r", MODEL, (0..=processed).collect(), 4).unwrap();
+        // Few distinct queue values, so that ties on TTFT are common.
+        let candidates: Vec<Candidate> = alts
+            .iter()
+            .map(|(a, q)| Candidate { queue_ms: *q as f64, ..candidate(&sim, a, processed) })
+            .collect();
+        let ranked = rank(&request, candidates.clone());
+        let snapshot = CandidateSnapshot::score(&request, candidates);
+        let order = snapshot.offer_order();
+        prop_assert_eq!(snapshot.best(), order.first().copied());
+        prop_assert_eq!(snapshot.ranking(), ranked);
+    }
 
     #[test]
     fn random_interleavings_keep_every_invariant(case in case()) {

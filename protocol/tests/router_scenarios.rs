@@ -474,7 +474,8 @@ fn no_feasible_worker_at_submission_names_the_infeasible_reasons() {
         "{text}"
     );
     let record = router.record(&"r".into()).unwrap();
-    assert_eq!(record.candidates.infeasible.len(), 2);
+    assert_eq!(record.candidates.infeasible().count(), 2);
+    assert_eq!(record.candidates.ranking().infeasible.len(), 2);
     assert!(locals(&effects).contains(&"cancel-deadline-timer"));
     let empty = router.handle(T0, RouterInput::submit(router_request("s"), vec![]));
     let text = match &deliveries(&empty)[0].kind {
@@ -681,7 +682,10 @@ fn the_record_measures_ttft_and_keeps_the_workers_actual_cached_count() {
     assert_eq!(record.finished_at, Some(Millis(12)));
     let json = serde_json::to_value(record).unwrap();
     assert_eq!(json["attempts"][0]["outcome"]["kind"], "completed");
-    assert_eq!(json["candidates"]["feasible"].as_array().unwrap().len(), 2);
+    let snapshot = json["candidates"].as_array().unwrap();
+    assert_eq!(snapshot.len(), 2);
+    assert_eq!(snapshot[0]["estimate"]["ttft_ms"], 52.0);
+    assert_eq!(snapshot[0]["candidate"]["worker_id"], "second");
 }
 
 #[test]

@@ -77,8 +77,9 @@ fn sim_1_locality_load_tradeoff_restore_prefill_decode() {
         Some(Finished::Completed { .. })
     ));
     let record = sim.router().record(&rid()).unwrap();
-    assert_eq!(record.candidates.feasible[0].estimate.ttft_ms, 6.0);
-    assert_eq!(record.candidates.feasible[1].estimate.ttft_ms, 35.0);
+    let ranking = record.candidates.ranking();
+    assert_eq!(ranking.feasible[0].estimate.ttft_ms, 6.0);
+    assert_eq!(ranking.feasible[1].estimate.ttft_ms, 35.0);
     assert_eq!(record.actual_cached_tokens, Some(24));
 }
 
@@ -261,6 +262,7 @@ fn sim_6_busy_gpu_vs_warm_ssd() {
     let record = sim.router().record(&rid()).unwrap();
     let ttfts: Vec<f64> = record
         .candidates
+        .ranking()
         .feasible
         .iter()
         .map(|s| s.estimate.ttft_ms)
@@ -330,6 +332,7 @@ fn sim_7_database_derived_candidates() {
     let record = sim.router().record(&rid()).unwrap();
     let ranking: Vec<_> = record
         .candidates
+        .ranking()
         .feasible
         .iter()
         .map(|s| {

@@ -12,7 +12,7 @@ use crate::ids::{AssignmentId, WorkerId};
 use crate::request::GenerationRequest;
 
 /// One request as the router tracks it. The candidate snapshot lives in `record` (moved
-/// there at submission, never copied); `current` and `next` index its feasible list.
+/// there at submission, never copied); `current` indexes it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub(super) struct Entry {
     pub(super) request: Arc<GenerationRequest>,
@@ -21,10 +21,12 @@ pub(super) struct Entry {
     pub(super) attempt: u64,
     /// The current (latest) assignment.
     pub(super) assignment: Option<AssignmentId>,
-    /// Offer-order position of the current attempt's candidate.
+    /// Snapshot index of the current attempt's candidate.
     pub(super) current: Option<usize>,
-    /// Offer-order position of the next candidate to try.
-    pub(super) next: usize,
+    /// Candidates offered so far (= the offer-order position of the next one).
+    pub(super) offered: usize,
+    /// The full offer order, sorted lazily at the first fallback.
+    pub(super) order: Vec<usize>,
     /// Deltas delivered to the client.
     pub(super) delivered: u32,
     pub(super) record: DecisionRecord,
@@ -47,11 +49,18 @@ impl Entry {
 
     pub(super) fn current_worker(&self) -> Option<&WorkerId> {
         let i = self.current?;
-        self.record
-            .candidates
-            .feasible
-            .get(i)
-            .map(|s| &s.candidate.worker_id)
+        self.record.candidates.get(i).map(|(c, _)| &c.worker_id)
+    }
+
+    /// The snapshot index of the next candidate to offer, if any is left.
+    pub(super) fn next_candidate(&mut self) -> Option<usize> {
+        if self.offered == 0 {
+            return self.record.candidates.best();
+        }
+        if self.order.is_empty() {
+            self.order = self.record.candidates.offer_order();
+        }
+        self.order.get(self.offered).copied()
     }
 
     pub(super) fn last_attempt_mut(&mut self) -> Option<&mut AttemptRecord> {
@@ -60,20 +69,19 @@ impl Entry {
 
     /// What was tried, for [`super::RouterError::NoFeasibleWorker`].
     pub(super) fn no_feasible(&self) -> NoFeasible {
-        let ranking = &self.record.candidates;
+        let snapshot = &self.record.candidates;
         let infeasible = INFEASIBLE_ORDER
             .iter()
             .filter_map(|reason| {
-                let n = ranking
-                    .infeasible
-                    .iter()
-                    .filter(|s| s.estimate.infeasible == Some(*reason))
+                let n = snapshot
+                    .infeasible()
+                    .filter(|(_, e)| e.infeasible == Some(*reason))
                     .count();
                 (n > 0).then_some((*reason, n as u32))
             })
             .collect();
         NoFeasible {
-            candidates: (ranking.feasible.len() + ranking.infeasible.len()) as u32,
+            candidates: snapshot.len() as u32,
             infeasible,
             attempts: self.attempt,
             last: self.record.attempts.last().map(|a| LastAttempt {

@@ -10,11 +10,11 @@ use super::{
     Delivery, DeliveryKind, Index, LocalRouterEffect, Phase, Router, RouterConfig, RouterEffect,
     RouterError,
 };
-use crate::candidate::{Candidate, rank};
+use crate::candidate::Candidate;
 use crate::capacity::DeclineReason;
 use crate::decision::{
-    AttemptOutcome, AttemptRecord, DecisionEvent, DecisionEventKind, DecisionRecord,
-    TerminalOutcome,
+    AttemptOutcome, AttemptRecord, CandidateSnapshot, DecisionEvent, DecisionEventKind,
+    DecisionRecord, TerminalOutcome,
 };
 use crate::ids::{AssignmentId, Epoch, RequestId, WorkerId};
 use crate::request::{GenerationRequest, Token};
@@ -59,7 +59,7 @@ impl Router {
         if self.requests.contains_key(&request.id) {
             return; // duplicate submit: ignored
         }
-        let ranking = rank(&request, candidates);
+        let snapshot = CandidateSnapshot::score(&request, candidates);
         let deadline = deadline.unwrap_or(now + self.config.default_deadline_ms);
         let id = request.id.clone();
         decision(
@@ -67,8 +67,8 @@ impl Router {
             &id,
             now,
             DecisionEventKind::Submitted {
-                feasible: ranking.feasible.len() as u32,
-                infeasible: ranking.infeasible.len() as u32,
+                feasible: snapshot.feasible_count() as u32,
+                infeasible: (snapshot.len() - snapshot.feasible_count()) as u32,
                 deadline,
             },
         );
@@ -79,7 +79,7 @@ impl Router {
             max_new_tokens: request.max_new_tokens,
             submitted_at: now,
             deadline,
-            candidates: ranking,
+            candidates: snapshot,
             attempts: Vec::new(),
             first_delta_at: None,
             delivered_tokens: 0,
@@ -97,7 +97,8 @@ impl Router {
             attempt: 0,
             assignment: None,
             current: None,
-            next: 0,
+            offered: 0,
+            order: Vec::new(),
             delivered: 0,
             record,
         };
@@ -348,18 +349,20 @@ impl Router {
 
 /// offer-next (§2.4): offer the next ranked candidate, or fail with no-feasible-worker.
 fn offer_next(cfg: &RouterConfig, idx: &mut Index, e: &mut Entry, now: Millis, out: &mut Out) {
-    let rank = e.next;
-    let Some(scored) = e.record.candidates.feasible.get(rank) else {
+    let rank = e.offered;
+    let next = e.next_candidate();
+    let Some((i, (candidate, estimate))) =
+        next.and_then(|i| e.record.candidates.get(i).map(|ce| (i, ce)))
+    else {
         let summary = e.no_feasible();
         let error = RouterError::NoFeasibleWorker { summary };
         finish(cfg, idx, e, now, Terminal::Failed(error), out);
         return;
     };
-    let candidate = scored.candidate.clone();
-    let estimate = scored.estimate.clone();
-    e.next += 1;
+    let (candidate, estimate) = (candidate.clone(), estimate.clone());
+    e.offered += 1;
     e.attempt += 1;
-    e.current = Some(rank);
+    e.current = Some(i);
     let assignment = AssignmentId {
         request: e.request.id.clone(),
         attempt: e.attempt,

@@ -107,10 +107,11 @@ fn decision_line(out: &mut String, sim: &Simulation, d: &DecisionEvent) {
 }
 
 fn ranking(out: &mut String, record: &DecisionRecord) {
-    for (i, s) in record.candidates.feasible.iter().enumerate() {
+    let ranking = record.candidates.ranking();
+    for (i, s) in ranking.feasible.iter().enumerate() {
         let _ = writeln!(out, "{:>24}{}", "", scored(&format!("#{}", i + 1), s));
     }
-    for s in &record.candidates.infeasible {
+    for s in &ranking.infeasible {
         let why = s.estimate.infeasible.map(|r| r.as_str()).unwrap_or("");
         let _ = writeln!(out, "{:>24}{}", "", scored(&format!("✗ {why}"), s));
     }
