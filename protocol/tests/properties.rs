@@ -266,7 +266,7 @@ fn run(case: &Case) -> (Simulation, Vec<RequestId>) {
                 };
                 sim.inject_router(RouterInput::Result {
                     assignment: AssignmentId::new(id, attempt),
-                    result: WorkerResult::completed(vec![666], 0),
+                    result: Box::new(WorkerResult::completed(vec![666], 0)),
                 });
             }
             Op::ForgedToken(i, gap) => {

@@ -54,7 +54,7 @@ fn token(assignment: AssignmentId, token: u32, index: u32) -> RouterInput {
 fn completed(assignment: AssignmentId, tokens: Vec<u32>) -> RouterInput {
     RouterInput::Result {
         assignment,
-        result: WorkerResult::completed(tokens, 0),
+        result: Box::new(WorkerResult::completed(tokens, 0)),
     }
 }
 
@@ -162,7 +162,7 @@ fn failed_result_after_stream_is_worker_failed_after_stream() {
         Millis(3),
         RouterInput::Result {
             assignment: a("r", 1),
-            result: WorkerResult::failed(reason.clone()),
+            result: Box::new(WorkerResult::failed(reason.clone())),
         },
     );
     let d = deliveries(&effects);
@@ -190,7 +190,10 @@ fn failed_result_before_stream_retries_the_next_candidate() {
         Millis(2),
         RouterInput::Result {
             assignment: a("r", 1),
-            result: WorkerResult::failed(Failure::new(FailureKind::RestoreFailed, "missing chunk")),
+            result: Box::new(WorkerResult::failed(Failure::new(
+                FailureKind::RestoreFailed,
+                "missing chunk",
+            ))),
         },
     );
     assert_eq!(sends(&effects), [("offer", "second".to_owned(), 2)]);
@@ -266,13 +269,15 @@ fn c_1_offer_goes_to_the_faster_candidate_and_no_timer_remains() {
         Millis(3),
         RouterInput::Result {
             assignment: a("request-a", 1),
-            result: result.clone(),
+            result: Box::new(result.clone()),
         },
     );
     timers.apply(&effects);
     assert_eq!(
         deliveries(&effects)[0].kind,
-        DeliveryKind::Completed { result },
+        DeliveryKind::Completed {
+            result: Box::new(result)
+        },
         "delivered verbatim"
     );
     assert!(timers.0.is_empty(), "{:?}", timers.0);
@@ -670,7 +675,7 @@ fn the_record_measures_ttft_and_keeps_the_workers_actual_cached_count() {
         Millis(12),
         RouterInput::Result {
             assignment: a("r", 1),
-            result,
+            result: Box::new(result),
         },
     );
     let record = router.record(&"r".into()).unwrap();

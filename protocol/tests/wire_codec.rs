@@ -25,17 +25,17 @@ fn me() -> WorkerId {
     WorkerId::from("near")
 }
 
-fn offer() -> Offer {
+fn offer() -> Box<Offer> {
     let request = sim_request();
     let candidate = cand("near", Tier::Ssd, 24);
     let estimate = estimate(&request, &candidate);
-    Offer {
+    Box::new(Offer {
         assignment: AssignmentId::new("request-1", 1),
         worker_epoch: Epoch(2),
         request: Arc::new(request),
         candidate,
         estimate,
-    }
+    })
 }
 
 fn to_near(message: RouterMessage) -> OutboundToWorker {
@@ -97,14 +97,17 @@ fn router_frames() -> Vec<ToRouter> {
         }),
         ToRouter::Result(ResultMessage {
             assignment: AssignmentId::new("r", 1),
-            result: WorkerResult {
+            result: Box::new(WorkerResult {
                 cached_token_count: 24,
                 ..WorkerResult::completed(vec![41, 42], 0)
-            },
+            }),
         }),
         ToRouter::Result(ResultMessage {
             assignment: AssignmentId::new("r", 3),
-            result: WorkerResult::failed(Failure::new(FailureKind::DecodeFailed, "oom")),
+            result: Box::new(WorkerResult::failed(Failure::new(
+                FailureKind::DecodeFailed,
+                "oom",
+            ))),
         }),
     ]
 }

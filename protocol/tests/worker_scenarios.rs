@@ -42,13 +42,13 @@ fn w_cand() -> Candidate {
 fn offer_of(attempt: u64, candidate: Candidate) -> WorkerInput {
     let request = request();
     let estimate = estimate(&request, &candidate);
-    WorkerInput::Offer(Offer {
+    WorkerInput::Offer(Box::new(Offer {
         assignment: a(attempt),
         worker_epoch: candidate.worker_epoch,
         request: Arc::new(request),
         candidate,
         estimate,
-    })
+    }))
 }
 
 fn worker(free: u32) -> Worker<Counters> {
@@ -503,7 +503,7 @@ fn counters_evict_oldest_unprotected_routes_and_keep_every_page_accounted() {
             candidate: c,
             estimate: e,
         };
-        w.handle(Millis(0), WorkerInput::Offer(offer))
+        w.handle(Millis(0), WorkerInput::Offer(Box::new(offer)))
     };
     // 5 pages each. a and b complete and become evictable routes.
     for id in ["a", "b"] {

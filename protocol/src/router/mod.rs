@@ -133,7 +133,7 @@ pub enum RouterInput {
     /// A terminal worker result.
     Result {
         assignment: AssignmentId,
-        result: WorkerResult,
+        result: Box<WorkerResult>,
     },
     /// The transport lost `worker` while `assignment` was on it.
     WorkerUnavailable {
@@ -227,7 +227,7 @@ pub struct Delivery {
 #[serde(tag = "type", rename_all = "kebab-case")]
 pub enum DeliveryKind {
     Delta { token: Token, index: u32 },
-    Completed { result: WorkerResult },
+    Completed { result: Box<WorkerResult> },
     Error { error: RouterError },
     Cancelled,
 }

@@ -25,7 +25,7 @@ type Out = Vec<RouterEffect>;
 
 /// How a request ends, with what the client receives.
 enum Terminal {
-    Completed(WorkerResult),
+    Completed(Box<WorkerResult>),
     Failed(RouterError),
     Cancelled,
 }
@@ -219,7 +219,7 @@ impl Router {
         &mut self,
         now: Millis,
         assignment: &AssignmentId,
-        result: WorkerResult,
+        result: Box<WorkerResult>,
         out: &mut Out,
     ) {
         let Router {
@@ -398,13 +398,13 @@ fn offer_next(cfg: &RouterConfig, idx: &mut Index, e: &mut Entry, now: Millis, o
     };
     out.push(RouterEffect::Send(OutboundToWorker {
         to: candidate.worker_id.clone(),
-        message: RouterMessage::Offer(Offer {
+        message: RouterMessage::Offer(Box::new(Offer {
             assignment: assignment.clone(),
             worker_epoch: candidate.worker_epoch,
             request: Arc::clone(&e.request),
             candidate,
             estimate,
-        }),
+        })),
     }));
     out.push(local(LocalRouterEffect::SetOfferTimer {
         assignment: assignment.clone(),

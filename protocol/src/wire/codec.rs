@@ -102,7 +102,7 @@ pub fn decode_for_worker(
                 return Ok(WorkerInbound::Ignored { to, ty });
             }
             let message = if ty == "offer" {
-                RouterMessage::Offer(decode_offer(&mut obj)?)
+                RouterMessage::Offer(Box::new(decode_offer(&mut obj)?))
             } else {
                 RouterMessage::Cancel(Cancel {
                     assignment: assignment(&mut obj)?,
@@ -172,7 +172,7 @@ pub fn decode_for_router(bytes: &[u8], max_frame: usize) -> Result<ToRouter, Cod
         })),
         "result" => {
             let assignment = assignment(&mut obj)?;
-            let result: WorkerResult = field(&mut obj, "result")?;
+            let result: Box<WorkerResult> = field(&mut obj, "result")?;
             match (result.status, &result.failure) {
                 (ResultStatus::Failed, None) => {
                     return Err(invalid("result.failure", "a failed result must say why"));

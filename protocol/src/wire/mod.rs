@@ -105,7 +105,7 @@ pub struct Cancel {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "type", rename_all = "kebab-case")]
 pub enum RouterMessage {
-    Offer(Offer),
+    Offer(Box<Offer>),
     Cancel(Cancel),
 }
 
@@ -196,7 +196,7 @@ pub struct TokenDelta {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ResultMessage {
     pub assignment: AssignmentId,
-    pub result: WorkerResult,
+    pub result: Box<WorkerResult>,
 }
 
 /// What the worker state machine sends to the router.

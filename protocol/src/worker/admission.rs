@@ -1,6 +1,5 @@
 //! Offer admission (spec §3.2): semantic checks in order, then capacity.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use super::{
@@ -9,21 +8,21 @@ use super::{
 };
 use crate::candidate::{Infeasible, Tier, estimate};
 use crate::capacity::{AdmitRequest, Capacity, DeclineReason};
-use crate::ids::{AssignmentId, RouteId};
+use crate::ids::AssignmentId;
 use crate::time::Millis;
 use crate::wire::{Offer, OfferResult, ResultMessage, WorkerMessage, WorkerTimings};
 
 type Out = Vec<WorkerEffect>;
 
 impl<C: Capacity> Worker<C> {
-    pub(super) fn on_offer(&mut self, now: Millis, offer: Offer, out: &mut Out) {
+    pub(super) fn on_offer(&mut self, now: Millis, offer: Box<Offer>, out: &mut Out) {
         // 1. Duplicate: re-acknowledge; re-send a terminal result. No state change.
         if let Some(finished) = self.finished.get(&offer.assignment) {
             out.push(self.offer_result(&offer.assignment, None));
             if let Finished::Completed { result } | Finished::Failed { result } = finished {
                 out.push(WorkerEffect::Send(WorkerMessage::Result(ResultMessage {
                     assignment: offer.assignment.clone(),
-                    result: result.clone(),
+                    result: Box::new(result.clone()),
                 })));
             }
             return;
@@ -45,15 +44,13 @@ impl<C: Capacity> Worker<C> {
             return;
         }
         let route = offer.request.route_id();
-        let protected: BTreeSet<RouteId> =
-            self.active.values().map(|a| a.work.route.clone()).collect();
         let admitted = self.capacity.admit(AdmitRequest {
             assignment: &offer.assignment,
             route: &route,
             request: &offer.request,
             candidate: &offer.candidate,
             estimate: &estimate,
-            protected: &protected,
+            protected: &self.protected,
         });
         let admission = match admitted {
             Ok(admission) => admission,
@@ -82,7 +79,7 @@ impl<C: Capacity> Worker<C> {
             request,
             candidate,
             ..
-        } = offer;
+        } = *offer;
         let work = Arc::new(Work {
             assignment: assignment.clone(),
             request,
@@ -91,7 +88,7 @@ impl<C: Capacity> Worker<C> {
             route,
             admission,
         });
-        self.active.insert(
+        self.insert_active(
             assignment.clone(),
             Assignment {
                 work: Arc::clone(&work),
@@ -127,11 +124,7 @@ impl<C: Capacity> Worker<C> {
             return Some(DeclineReason::ModelNotLoaded);
         }
         // Quiescing assignments count: their operation may still write the route.
-        if self
-            .active
-            .values()
-            .any(|a| a.work.request.id == offer.request.id)
-        {
+        if self.serves(&offer.request.id) {
             return Some(DeclineReason::RequestAlreadyAssigned);
         }
         if self.draining {

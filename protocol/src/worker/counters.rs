@@ -32,6 +32,9 @@ pub struct Counters {
     /// Completed routes: pages and completion order (for oldest-first eviction).
     #[serde(serialize_with = "super::serde_seq::serialize")]
     resident: BTreeMap<RouteId, ResidentRoute>,
+    /// Resident routes by completion order (derived from `resident`).
+    #[serde(skip)]
+    lru: BTreeMap<u64, RouteId>,
     next_seq: u64,
     #[serde(serialize_with = "super::serde_seq::serialize")]
     reservations: BTreeMap<AssignmentId, Reservation>,
@@ -67,6 +70,7 @@ impl Counters {
             free,
             anonymous: evictable,
             resident: BTreeMap::new(),
+            lru: BTreeMap::new(),
             next_seq: 0,
             reservations: BTreeMap::new(),
         }
@@ -109,48 +113,32 @@ impl Counters {
         parts == self.total as u64
     }
 
-    fn evictable_excluding(&self, protected: &BTreeSet<RouteId>, own: &RouteId) -> u64 {
-        let routes: u64 = self
-            .resident
-            .iter()
-            .filter(|(r, _)| *r != own && !protected.contains(*r))
-            .map(|(_, v)| v.pages as u64)
-            .sum();
-        self.anonymous as u64 + routes
-    }
-
-    /// Free `need` pages by eviction; returns the evicted routes. The caller checked that
-    /// enough is evictable.
-    fn evict(
-        &mut self,
-        mut need: u32,
+    /// Plan an eviction of `need` pages: anonymous cache first, then whole routes oldest
+    /// first, skipping `own` and protected routes. `None` when not enough is evictable.
+    fn plan_eviction(
+        &self,
+        need: u32,
         protected: &BTreeSet<RouteId>,
         own: &RouteId,
-    ) -> Vec<RouteId> {
+    ) -> Option<(u32, Vec<RouteId>, u32)> {
         let from_anonymous = need.min(self.anonymous);
-        self.anonymous -= from_anonymous;
-        need -= from_anonymous;
-        let mut order: Vec<(u64, RouteId)> = self
-            .resident
-            .iter()
-            .filter(|(r, _)| *r != own && !protected.contains(*r))
-            .map(|(r, v)| (v.seq, r.clone()))
-            .collect();
-        order.sort();
-        let mut evicted = Vec::new();
-        for (_, route) in order {
-            if need == 0 {
+        let mut missing = need - from_anonymous;
+        let mut victims = Vec::new();
+        let mut surplus = 0;
+        for route in self.lru.values() {
+            if missing == 0 {
                 break;
             }
-            if let Some(r) = self.resident.remove(&route) {
-                let used = r.pages.min(need);
-                need -= used;
-                // Pages of the route beyond what is needed become free.
-                self.free += r.pages - used;
-                evicted.push(route);
+            if route == own || protected.contains(route) {
+                continue;
             }
+            let pages = self.resident.get(route).map_or(0, |r| r.pages);
+            let used = pages.min(missing);
+            missing -= used;
+            surplus += pages - used;
+            victims.push(route.clone());
         }
-        evicted
+        (missing == 0).then_some((from_anonymous, victims, surplus))
     }
 }
 
@@ -160,14 +148,26 @@ impl Capacity for Counters {
             return Err(DeclineReason::RequestAlreadyAssigned);
         }
         let required = req.estimate.required_pages;
-        let available = self.free as u64 + self.evictable_excluding(req.protected, req.route);
-        if required as u64 > available {
-            return Err(DeclineReason::InsufficientPages);
-        }
         let from_free = self.free.min(required);
         let from_eviction = required - from_free;
+        let mut evicted_routes = Vec::new();
+        if from_eviction > 0 {
+            let Some((from_anonymous, victims, surplus)) =
+                self.plan_eviction(from_eviction, req.protected, req.route)
+            else {
+                return Err(DeclineReason::InsufficientPages);
+            };
+            self.anonymous -= from_anonymous;
+            for route in &victims {
+                if let Some(r) = self.resident.remove(route) {
+                    self.lru.remove(&r.seq);
+                }
+            }
+            // Whole routes were evicted: what the reservation does not need is free.
+            self.free += surplus;
+            evicted_routes = victims;
+        }
         self.free -= from_free;
-        let evicted_routes = self.evict(from_eviction, req.protected, req.route);
         self.reservations.insert(
             req.assignment.clone(),
             Reservation {
@@ -208,8 +208,10 @@ impl Capacity for Counters {
             .resident
             .entry(route.clone())
             .or_insert(ResidentRoute { pages: 0, seq });
+        self.lru.remove(&entry.seq);
         entry.pages += pages;
         entry.seq = seq;
+        self.lru.insert(seq, route.clone());
     }
 
     fn abandon(&mut self, assignment: &AssignmentId, _route: &RouteId) {
@@ -221,6 +223,7 @@ impl Capacity for Counters {
         self.free = self.total;
         self.anonymous = 0;
         self.resident.clear();
+        self.lru.clear();
         self.reservations.clear();
     }
 

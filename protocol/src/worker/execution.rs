@@ -123,7 +123,7 @@ impl<C: Capacity> Worker<C> {
     }
 
     fn drop_cancelled(&mut self, now: Millis, assignment: &AssignmentId, out: &mut Out) {
-        if let Some(a) = self.active.remove(assignment) {
+        if let Some(a) = self.remove_active(assignment) {
             self.capacity.abandon(assignment, &a.work.route);
             self.remember(now, assignment.clone(), Finished::Cancelled);
             out.push(released(assignment, ReleaseCause::Cancelled));
@@ -168,7 +168,7 @@ impl<C: Capacity> Worker<C> {
         stop: StopReason,
         out: &mut Out,
     ) {
-        let Some(a) = self.active.remove(assignment) else {
+        let Some(a) = self.remove_active(assignment) else {
             return;
         };
         self.capacity.complete(assignment, &a.work.route);
@@ -187,7 +187,7 @@ impl<C: Capacity> Worker<C> {
     }
 
     fn fail(&mut self, now: Millis, assignment: &AssignmentId, failure: Failure, out: &mut Out) {
-        let Some(a) = self.active.remove(assignment) else {
+        let Some(a) = self.remove_active(assignment) else {
             return;
         };
         self.capacity.abandon(assignment, &a.work.route);
@@ -224,7 +224,7 @@ impl<C: Capacity> Worker<C> {
         self.remember(now, assignment.clone(), finished);
         out.push(WorkerEffect::Send(WorkerMessage::Result(ResultMessage {
             assignment: assignment.clone(),
-            result,
+            result: Box::new(result),
         })));
     }
 }

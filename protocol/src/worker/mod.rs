@@ -38,7 +38,7 @@ use serde::Serialize;
 
 use crate::candidate::{Candidate, Estimate};
 use crate::capacity::{Admission, Capacity};
-use crate::ids::{AssignmentId, Epoch, ModelFingerprint, RouteId, WorkerId};
+use crate::ids::{AssignmentId, Epoch, ModelFingerprint, RequestId, RouteId, WorkerId};
 use crate::observation::Observation;
 use crate::request::{GenerationRequest, Token};
 use crate::time::Millis;
@@ -71,7 +71,7 @@ impl Default for WorkerConfig {
 #[serde(tag = "input", rename_all = "kebab-case")]
 pub enum WorkerInput {
     /// An offer from the router.
-    Offer(Offer),
+    Offer(Box<Offer>),
     /// A cancellation from the router.
     Cancel(Cancel),
     /// The decode operation produced a token (from the engine's token callback).
@@ -254,6 +254,12 @@ pub struct Worker<C> {
     capacity: C,
     #[serde(serialize_with = "serde_seq::serialize")]
     active: BTreeMap<AssignmentId, Assignment>,
+    /// Routes of live assignments with their assignment counts, and the same routes as
+    /// the set handed to the capacity as "protected" (derived from `active`).
+    #[serde(skip)]
+    route_counts: BTreeMap<RouteId, u32>,
+    #[serde(skip)]
+    protected: BTreeSet<RouteId>,
     #[serde(serialize_with = "serde_seq::serialize")]
     finished: BTreeMap<AssignmentId, Finished>,
     /// Finished assignments in the order they finished (for retention).
@@ -276,6 +282,8 @@ impl<C: Capacity> Worker<C> {
             config: WorkerConfig::default(),
             capacity,
             active: BTreeMap::new(),
+            route_counts: BTreeMap::new(),
+            protected: BTreeSet::new(),
             finished: BTreeMap::new(),
             finished_order: VecDeque::new(),
         }
@@ -308,6 +316,8 @@ impl<C: Capacity> Worker<C> {
                 self.online = false;
                 self.draining = false;
                 self.active.clear();
+                self.route_counts.clear();
+                self.protected.clear();
                 self.finished.clear();
                 self.finished_order.clear();
             }
@@ -362,8 +372,8 @@ impl<C: Capacity> Worker<C> {
     }
 
     /// Routes of every live assignment: never evicted.
-    pub fn protected_routes(&self) -> BTreeSet<RouteId> {
-        self.active.values().map(|a| a.work.route.clone()).collect()
+    pub fn protected_routes(&self) -> &BTreeSet<RouteId> {
+        &self.protected
     }
 
     /// Copy the authoritative fields into a heartbeat observation (§3.8): identity,
@@ -376,7 +386,7 @@ impl<C: Capacity> Worker<C> {
         obs.online = self.online;
         obs.draining = self.draining;
         obs.free_pages = self.capacity.free_pages();
-        obs.evictable_pages = self.capacity.evictable_pages(&self.protected_routes());
+        obs.evictable_pages = self.capacity.evictable_pages(&self.protected);
         obs.queue_depth = u32::try_from(self.active.len()).unwrap_or(u32::MAX);
     }
 
@@ -391,6 +401,43 @@ impl<C: Capacity> Worker<C> {
                 self.finished.remove(&id);
             }
         }
+    }
+
+    fn insert_active(&mut self, id: AssignmentId, assignment: Assignment) {
+        let route = &assignment.work.route;
+        match self.route_counts.get_mut(route) {
+            Some(n) => *n += 1,
+            None => {
+                self.route_counts.insert(route.clone(), 1);
+                self.protected.insert(route.clone());
+            }
+        }
+        self.active.insert(id, assignment);
+    }
+
+    fn remove_active(&mut self, id: &AssignmentId) -> Option<Assignment> {
+        let assignment = self.active.remove(id)?;
+        let route = &assignment.work.route;
+        if let Some(n) = self.route_counts.get_mut(route) {
+            *n -= 1;
+            if *n == 0 {
+                self.route_counts.remove(route);
+                self.protected.remove(route);
+            }
+        }
+        Some(assignment)
+    }
+
+    /// Is another live assignment (quiescing ones included) serving `request`?
+    fn serves(&self, request: &RequestId) -> bool {
+        let first = AssignmentId {
+            request: request.clone(),
+            attempt: 0,
+        };
+        self.active
+            .range(first..)
+            .next()
+            .is_some_and(|(id, _)| &id.request == request)
     }
 
     fn remember(&mut self, now: Millis, id: AssignmentId, finished: Finished) {

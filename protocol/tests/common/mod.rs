@@ -107,7 +107,7 @@ pub fn offer(effects: &[RouterEffect]) -> Option<&den_protocol::wire::Offer> {
         RouterEffect::Send(OutboundToWorker {
             message: RouterMessage::Offer(o),
             ..
-        }) => Some(o),
+        }) => Some(&**o),
         _ => None,
     })
 }
