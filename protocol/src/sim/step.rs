@@ -16,9 +16,8 @@ impl Simulation {
     pub(super) fn deliver(&mut self, event: SimEvent) {
         match event {
             SimEvent::ToWorker { to, message } => {
-                let link = (Endpoint::Router, Endpoint::Worker(to.clone()));
-                if self.blocked.contains(&link) {
-                    let (from, to) = link;
+                if self.is_blocked(|| (Endpoint::Router, Endpoint::Worker(to.clone()))) {
+                    let (from, to) = (Endpoint::Router, Endpoint::Worker(to));
                     let kind = message.kind();
                     let assignment = message.assignment().clone();
                     self.drop_traced(from, to, kind, assignment);
@@ -32,9 +31,8 @@ impl Simulation {
                 }
             }
             SimEvent::ToRouter { from, message } => {
-                let link = (Endpoint::Worker(from), Endpoint::Router);
-                if self.blocked.contains(&link) {
-                    let (from, to) = link;
+                if self.is_blocked(|| (Endpoint::Worker(from.clone()), Endpoint::Router)) {
+                    let (from, to) = (Endpoint::Worker(from), Endpoint::Router);
                     let kind = message.kind();
                     let assignment = message.assignment().clone();
                     self.drop_traced(from, to, kind, assignment);
@@ -95,7 +93,7 @@ impl Simulation {
                         from: worker.clone(),
                         message,
                     };
-                    self.send(Endpoint::Worker(worker.clone()), Endpoint::Router, event);
+                    self.send(event);
                 }
                 WorkerEffect::Local(LocalWorkerEffect::Start(op)) => self.schedule_operation(op),
                 // Operations run to completion; the worker releases on their result.
@@ -108,12 +106,11 @@ impl Simulation {
     fn apply_router_effect(&mut self, effect: RouterEffect) {
         match effect {
             RouterEffect::Send(out) => {
-                let to = Endpoint::Worker(out.to.clone());
                 let event = SimEvent::ToWorker {
                     to: out.to,
                     message: out.message,
                 };
-                self.send(Endpoint::Router, to, event);
+                self.send(event);
             }
             RouterEffect::Local(local) => match local {
                 LocalRouterEffect::SetOfferTimer { assignment, at } => {
@@ -147,9 +144,28 @@ impl Simulation {
         }
     }
 
-    /// Put a message on a directed link, applying the next one-shot fault for it.
-    fn send(&mut self, from: Endpoint, to: Endpoint, event: SimEvent) {
+    /// Is the directed link (built only when some link is blocked) partitioned?
+    fn is_blocked(&self, link: impl FnOnce() -> (Endpoint, Endpoint)) -> bool {
+        !self.blocked.is_empty() && self.blocked.contains(&link())
+    }
+
+    /// Put a message on its directed link, applying the next one-shot fault for that
+    /// link. (The link's endpoints are only built when a fault is pending.)
+    fn send(&mut self, event: SimEvent) {
         let mut delay = self.config.network_delay;
+        if self.link_faults.is_empty() {
+            self.queue.push(self.now + delay, event);
+            return;
+        }
+        let (from, to) = match &event {
+            SimEvent::ToWorker { to, .. } => (Endpoint::Router, Endpoint::Worker(to.clone())),
+            SimEvent::ToRouter { from, .. } => (Endpoint::Worker(from.clone()), Endpoint::Router),
+            // Only messages travel on links.
+            SimEvent::Engine { .. } | SimEvent::Timer { .. } => {
+                self.queue.push(self.now + delay, event);
+                return;
+            }
+        };
         let fault = self
             .link_faults
             .iter()
