@@ -2,10 +2,13 @@
 #![allow(dead_code)]
 
 use den_protocol::candidate::{Candidate, Tier, TransferCapabilities};
-use den_protocol::ids::{Epoch, WorkerId};
+use den_protocol::capacity::DeclineReason;
+use den_protocol::ids::{AssignmentId, Epoch, WorkerId};
 use den_protocol::request::GenerationRequest;
-use den_protocol::router::{LocalRouterEffect, RouterEffect};
+use den_protocol::router::{Delivery, LocalRouterEffect, Router, RouterEffect, RouterInput};
 use den_protocol::sim::{SimConfig, Simulation};
+use den_protocol::time::Millis;
+use den_protocol::wire::WorkerResult;
 use den_protocol::wire::{OutboundToWorker, RouterMessage};
 use den_protocol::worker::Counters;
 
@@ -110,4 +113,65 @@ pub fn offer(effects: &[RouterEffect]) -> Option<&den_protocol::wire::Offer> {
         }) => Some(&**o),
         _ => None,
     })
+}
+
+// Router-test helpers.
+
+pub fn a(request: &str, attempt: u64) -> AssignmentId {
+    AssignmentId::new(request, attempt)
+}
+
+pub fn accept(assignment: AssignmentId) -> RouterInput {
+    RouterInput::OfferResult {
+        assignment,
+        worker_epoch: Epoch(0),
+        accepted: true,
+        reason: None,
+    }
+}
+
+pub fn decline(assignment: AssignmentId, reason: DeclineReason) -> RouterInput {
+    RouterInput::OfferResult {
+        assignment,
+        worker_epoch: Epoch(0),
+        accepted: false,
+        reason: Some(reason),
+    }
+}
+
+pub fn token(assignment: AssignmentId, token: u32, index: u32) -> RouterInput {
+    RouterInput::Token {
+        assignment,
+        token,
+        index,
+    }
+}
+
+pub fn completed(assignment: AssignmentId, tokens: Vec<u32>) -> RouterInput {
+    RouterInput::Result {
+        assignment,
+        result: Box::new(WorkerResult::completed(tokens, 0)),
+    }
+}
+
+pub fn deliveries(effects: &[RouterEffect]) -> Vec<&Delivery> {
+    effects
+        .iter()
+        .filter_map(|e| match e {
+            RouterEffect::Local(LocalRouterEffect::Deliver(d)) => Some(d),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Router with request `r` submitted over candidates `first` (best) and `second`.
+pub fn two_candidate_router() -> (Router, Vec<RouterEffect>) {
+    let mut router = Router::default();
+    let first = router_cand("first", Tier::Gpu, 100);
+    let second = router_cand("second", Tier::None, 0);
+    let effects = router.handle(
+        Millis(0),
+        RouterInput::submit(router_request("r"), vec![second, first]),
+    );
+    (router, effects)
 }
