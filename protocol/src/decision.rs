@@ -218,15 +218,18 @@ pub enum DecisionEventKind {
 pub struct CandidateSnapshot {
     candidates: Vec<Candidate>,
     estimates: Vec<Estimate>,
+    feasible: usize,
 }
 
 impl CandidateSnapshot {
     /// Estimate every candidate for `request` (no copies of the candidates).
     pub fn score(request: &GenerationRequest, candidates: Vec<Candidate>) -> Self {
-        let estimates = candidates.iter().map(|c| estimate(request, c)).collect();
+        let estimates: Vec<Estimate> = candidates.iter().map(|c| estimate(request, c)).collect();
+        let feasible = estimates.iter().filter(|e| e.feasible()).count();
         CandidateSnapshot {
             candidates,
             estimates,
+            feasible,
         }
     }
 
@@ -249,7 +252,7 @@ impl CandidateSnapshot {
     }
 
     pub fn feasible_count(&self) -> usize {
-        self.estimates.iter().filter(|e| e.feasible()).count()
+        self.feasible
     }
 
     /// The infeasible candidates with their estimates (and reasons), submission order.
@@ -259,17 +262,29 @@ impl CandidateSnapshot {
 
     /// The first feasible candidate in offer order, in one pass.
     pub fn best(&self) -> Option<usize> {
-        let mut best: Option<usize> = None;
-        for (i, e) in self.estimates.iter().enumerate() {
+        // (index, ttft, cached) of the best so far; names are compared only on ties.
+        let mut best: Option<(usize, f64, u32)> = None;
+        for (i, (c, e)) in self.iter().enumerate() {
             if !e.feasible() {
                 continue;
             }
-            best = match best {
-                Some(b) if self.compare(b, i) != Ordering::Greater => Some(b),
-                _ => Some(i),
+            let better = match best {
+                None => true,
+                Some((b, ttft, cached)) => match e
+                    .ttft_ms
+                    .total_cmp(&ttft)
+                    .then_with(|| cached.cmp(&c.cached_token_count))
+                {
+                    Ordering::Less => true,
+                    Ordering::Greater => false,
+                    Ordering::Equal => self.compare(i, b) == Ordering::Less,
+                },
             };
+            if better {
+                best = Some((i, e.ttft_ms, c.cached_token_count));
+            }
         }
-        best
+        best.map(|(i, _, _)| i)
     }
 
     /// Feasible candidates in offer order (submission order breaks exact ties).
@@ -315,13 +330,15 @@ impl CandidateSnapshot {
 
 impl From<Vec<Scored>> for CandidateSnapshot {
     fn from(scored: Vec<Scored>) -> Self {
-        let (candidates, estimates) = scored
+        let (candidates, estimates): (Vec<Candidate>, Vec<Estimate>) = scored
             .into_iter()
             .map(|s| (s.candidate, s.estimate))
             .unzip();
+        let feasible = estimates.iter().filter(|e| e.feasible()).count();
         CandidateSnapshot {
             candidates,
             estimates,
+            feasible,
         }
     }
 }

@@ -249,8 +249,12 @@ impl Simulation {
     }
 
     /// Events waiting, by due time.
-    pub fn pending(&self) -> impl Iterator<Item = (Millis, &SimEvent)> {
-        self.queue.pending()
+    pub fn pending(&self) -> Vec<(Millis, &SimEvent)> {
+        self.queue
+            .pending()
+            .into_iter()
+            .map(|(due, _, e)| (due, e))
+            .collect()
     }
 
     pub fn pending_len(&self) -> usize {
