@@ -3,3 +3,8 @@
 //! The binary (`src/main.rs`) is a thin command-line shell over these modules; the
 //! decisions themselves live in `den-protocol`, and this crate interprets their effects
 //! with real sockets, timers, memory and storage.
+
+pub mod auth;
+pub mod config;
+pub mod logging;
+pub mod metrics;
