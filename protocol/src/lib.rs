@@ -8,6 +8,7 @@
 //! - [`ids`], [`time`], [`request`]: identities, logical time, validated requests;
 //! - [`candidate`]: candidates, estimates (predicted TTFT) and ranking;
 //! - [`chunk`]: chained prefix hashes at a fixed chunk size;
+//! - [`pool`]: page-pool accounting (routes, forks, copy-on-write, reservations, eviction);
 //! - [`observation`]: heartbeat payloads; [`calibration`]: EWMA cost calibration.
 
 pub mod calibration;
@@ -18,5 +19,6 @@ pub mod chunk;
 pub mod discovery;
 pub mod ids;
 pub mod observation;
+pub mod pool;
 pub mod request;
 pub mod time;
