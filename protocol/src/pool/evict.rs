@@ -115,7 +115,24 @@ impl PagePool {
     /// Pages that evicting every eligible route would free (shared pages count once,
     /// when all their holders are eligible), with `protected` excluded.
     pub fn evictable_pages(&self, protected: &BTreeSet<RouteId>) -> u32 {
-        self.simulate(u32::MAX, protected, None, None).freed
+        // The total does not depend on the order, so walk the routes directly with a
+        // dense per-page counter instead of the ordered, sparse simulation.
+        let mut dropped = vec![0u32; self.slots.len()];
+        let mut freed = 0;
+        for (id, r) in &self.routes {
+            if !self.eligible(id, r, protected, None) {
+                continue;
+            }
+            for p in &r.pages {
+                // Route pages are < page_count = dropped.len() (pool invariant).
+                let d = &mut dropped[p.index()];
+                *d += 1;
+                if *d == self.slot(*p).refs {
+                    freed += 1;
+                }
+            }
+        }
+        freed
     }
 
     /// Capacity admission (§4.4 + §4.6): plan room for `route` to reach `target` tokens

@@ -12,19 +12,21 @@ impl PagePool {
     /// the routes of every non-terminal assignment); `durable` counts pages referenced by
     /// at least one durable route.
     pub fn stats(&self, protected: &BTreeSet<RouteId>) -> PoolStats {
-        let durable: BTreeSet<_> = self
-            .routes
-            .values()
-            .filter(|r| r.policy.durable)
-            .flat_map(|r| r.pages.iter().copied())
-            .collect();
+        let mut durable_page = vec![false; self.page_count() as usize];
+        for r in self.routes.values().filter(|r| r.policy.durable) {
+            for p in &r.pages {
+                // Route pages are < page_count (pool invariant).
+                durable_page[p.index()] = true;
+            }
+        }
+        let durable = durable_page.iter().filter(|d| **d).count() as u32;
         PoolStats {
             total_pages: self.page_count(),
             free: self.free_count(),
             reserved: self.reserved_count(),
             resident: self.referenced_count(),
             evictable: self.evictable_pages(protected),
-            durable: durable.len() as u32,
+            durable,
             page_bytes: self.geometry.page_bytes,
         }
     }
