@@ -9,16 +9,25 @@
 //! - [`candidate`]: candidates, estimates (predicted TTFT) and ranking;
 //! - [`chunk`]: chained prefix hashes at a fixed chunk size;
 //! - [`pool`]: page-pool accounting (routes, forks, copy-on-write, reservations, eviction);
-//! - [`observation`]: heartbeat payloads; [`calibration`]: EWMA cost calibration.
+//! - [`observation`]: heartbeat payloads; [`calibration`]: EWMA cost calibration;
+//! - [`wire`]: control-channel frames and their codec;
+//! - [`router`], [`worker`]: the router and worker state machines; [`decision`]: the
+//!   router's decision records;
+//! - [`sim`]: the deterministic simulator that drives both machines.
 
 pub mod calibration;
 pub mod candidate;
 pub mod candidates;
 pub mod capacity;
 pub mod chunk;
+pub mod decision;
 pub mod discovery;
 pub mod ids;
 pub mod observation;
 pub mod pool;
 pub mod request;
+pub mod router;
+pub mod sim;
 pub mod time;
+pub mod wire;
+pub mod worker;

@@ -1,0 +1,549 @@
+//! The router's transition table (spec §2.4), one method per input.
+//!
+//! Every handler starts with its guard (record exists, phase, current assignment, …) and
+//! returns without effects when the guard fails: that is the fencing of §2.6.
+
+use std::sync::Arc;
+
+use super::record::Entry;
+use super::{
+    Delivery, DeliveryKind, Index, LocalRouterEffect, Phase, Router, RouterConfig, RouterEffect,
+    RouterError,
+};
+use crate::candidate::{Candidate, rank};
+use crate::capacity::DeclineReason;
+use crate::decision::{
+    AttemptOutcome, AttemptRecord, DecisionEvent, DecisionEventKind, DecisionRecord,
+    TerminalOutcome,
+};
+use crate::ids::{AssignmentId, Epoch, RequestId, WorkerId};
+use crate::request::{GenerationRequest, Token};
+use crate::time::Millis;
+use crate::wire::{Cancel, Failure, Offer, OutboundToWorker, RouterMessage, WorkerResult};
+
+type Out = Vec<RouterEffect>;
+
+/// How a request ends, with what the client receives.
+enum Terminal {
+    Completed(WorkerResult),
+    Failed(RouterError),
+    Cancelled,
+}
+
+impl Router {
+    pub(super) fn collect_garbage(&mut self, now: Millis, out: &mut Out) {
+        while let Some((at, _)) = self.index.expiry.first() {
+            if *at > now {
+                break;
+            }
+            let Some((_, id)) = self.index.expiry.pop_first() else {
+                break;
+            };
+            if let Some(e) = self.requests.remove(&id) {
+                let slot = self.index.counts.slot(e.phase);
+                *slot = slot.saturating_sub(1);
+                self.index.counts.collected += 1;
+                decision(out, &id, now, DecisionEventKind::Collected);
+            }
+        }
+    }
+
+    pub(super) fn on_submit(
+        &mut self,
+        now: Millis,
+        request: Arc<GenerationRequest>,
+        candidates: Vec<Candidate>,
+        deadline: Option<Millis>,
+        out: &mut Out,
+    ) {
+        if self.requests.contains_key(&request.id) {
+            return; // duplicate submit: ignored
+        }
+        let ranking = rank(&request, candidates);
+        let deadline = deadline.unwrap_or(now + self.config.default_deadline_ms);
+        let id = request.id.clone();
+        decision(
+            out,
+            &id,
+            now,
+            DecisionEventKind::Submitted {
+                feasible: ranking.feasible.len() as u32,
+                infeasible: ranking.infeasible.len() as u32,
+                deadline,
+            },
+        );
+        let record = DecisionRecord {
+            request: id.clone(),
+            model: request.model.clone(),
+            processed_tokens: request.processed(),
+            max_new_tokens: request.max_new_tokens,
+            submitted_at: now,
+            deadline,
+            candidates: ranking,
+            attempts: Vec::new(),
+            first_delta_at: None,
+            delivered_tokens: 0,
+            outcome: None,
+            finished_at: None,
+            measured_ttft_ms: None,
+            actual_cached_tokens: None,
+            worker_timings: None,
+        };
+        let mut e = Entry {
+            request,
+            // `received` is transient: the entry is counted as offered until the first
+            // offer-next below moves it on.
+            phase: Phase::Offered,
+            attempt: 0,
+            assignment: None,
+            current: None,
+            next: 0,
+            delivered: 0,
+            record,
+        };
+        self.index.counts.offered += 1;
+        if deadline <= now {
+            let error = RouterError::DeadlineExceeded { deadline };
+            finish(
+                &self.config,
+                &mut self.index,
+                &mut e,
+                now,
+                Terminal::Failed(error),
+                out,
+            );
+        } else {
+            out.push(local(LocalRouterEffect::SetDeadlineTimer {
+                request: id.clone(),
+                at: deadline,
+            }));
+            offer_next(&self.config, &mut self.index, &mut e, now, out);
+        }
+        self.requests.insert(id, e);
+    }
+
+    pub(super) fn on_cancel(&mut self, now: Millis, request: &RequestId, out: &mut Out) {
+        let Router {
+            config,
+            requests,
+            index,
+        } = self;
+        let Some(e) = requests.get_mut(request) else {
+            return;
+        };
+        if e.phase.is_terminal() {
+            return;
+        }
+        abandon_attempt(index, e, now, AttemptOutcome::Cancelled, out);
+        finish(config, index, e, now, Terminal::Cancelled, out);
+    }
+
+    pub(super) fn on_offer_result(
+        &mut self,
+        now: Millis,
+        assignment: &AssignmentId,
+        worker_epoch: Epoch,
+        accepted: bool,
+        reason: Option<DeclineReason>,
+        out: &mut Out,
+    ) {
+        let Router {
+            config,
+            requests,
+            index,
+        } = self;
+        let Some(e) = requests.get_mut(&assignment.request) else {
+            return;
+        };
+        if e.phase != Phase::Offered || !e.is_current(assignment) {
+            return;
+        }
+        out.push(local(LocalRouterEffect::CancelOfferTimer {
+            assignment: assignment.clone(),
+        }));
+        if accepted {
+            set_phase(index, e, Phase::Assigned);
+            if let Some(a) = e.last_attempt_mut() {
+                a.accepted_at = Some(now);
+                a.outcome = AttemptOutcome::Running;
+            }
+            let kind = DecisionEventKind::Accepted {
+                attempt: assignment.attempt,
+            };
+            decision(out, &assignment.request, now, kind);
+        } else {
+            let outcome = AttemptOutcome::Declined {
+                reason,
+                worker_epoch,
+            };
+            end_attempt(index, e, now, outcome, out);
+            offer_next(config, index, e, now, out);
+        }
+    }
+
+    pub(super) fn on_token(
+        &mut self,
+        now: Millis,
+        assignment: &AssignmentId,
+        token: Token,
+        index: u32,
+        out: &mut Out,
+    ) {
+        let Some(e) = self.requests.get_mut(&assignment.request) else {
+            return;
+        };
+        if e.phase != Phase::Assigned || !e.is_current(assignment) || index != e.delivered {
+            return;
+        }
+        e.delivered += 1;
+        e.record.delivered_tokens = e.delivered;
+        if index == 0 {
+            let ttft_ms = now.since(e.record.submitted_at);
+            e.record.first_delta_at = Some(now);
+            e.record.measured_ttft_ms = Some(ttft_ms);
+            decision(
+                out,
+                &assignment.request,
+                now,
+                DecisionEventKind::FirstDelta { ttft_ms },
+            );
+        }
+        out.push(deliver(
+            &assignment.request,
+            DeliveryKind::Delta { token, index },
+        ));
+    }
+
+    pub(super) fn on_result(
+        &mut self,
+        now: Millis,
+        assignment: &AssignmentId,
+        result: WorkerResult,
+        out: &mut Out,
+    ) {
+        let Router {
+            config,
+            requests,
+            index,
+        } = self;
+        let Some(e) = requests.get_mut(&assignment.request) else {
+            return;
+        };
+        if e.phase != Phase::Assigned || !e.is_current(assignment) {
+            return;
+        }
+        if result.is_completed() {
+            end_attempt(index, e, now, AttemptOutcome::Completed, out);
+            e.record.actual_cached_tokens = Some(result.cached_token_count);
+            e.record.worker_timings = Some(result.timings);
+            finish(config, index, e, now, Terminal::Completed(result), out);
+            return;
+        }
+        let reason = result.failure.unwrap_or_else(Failure::unspecified);
+        let worker = e.current_worker().cloned();
+        let outcome = AttemptOutcome::Failed {
+            reason: reason.clone(),
+        };
+        end_attempt(index, e, now, outcome, out);
+        match worker {
+            Some(worker) if e.delivered > 0 => {
+                let error = RouterError::WorkerFailedAfterStream {
+                    worker,
+                    reason,
+                    delivered: e.delivered,
+                };
+                finish(config, index, e, now, Terminal::Failed(error), out);
+            }
+            _ => offer_next(config, index, e, now, out),
+        }
+    }
+
+    pub(super) fn on_unavailable(
+        &mut self,
+        now: Millis,
+        worker: &WorkerId,
+        assignment: &AssignmentId,
+        out: &mut Out,
+    ) {
+        let Router {
+            config,
+            requests,
+            index,
+        } = self;
+        let Some(e) = requests.get_mut(&assignment.request) else {
+            return;
+        };
+        if !matches!(e.phase, Phase::Offered | Phase::Assigned)
+            || !e.is_current(assignment)
+            || e.current_worker() != Some(worker)
+        {
+            return;
+        }
+        if e.phase == Phase::Offered {
+            out.push(local(LocalRouterEffect::CancelOfferTimer {
+                assignment: assignment.clone(),
+            }));
+        }
+        end_attempt(index, e, now, AttemptOutcome::WorkerUnavailable, out);
+        if e.delivered > 0 {
+            let error = RouterError::WorkerUnavailableAfterStream {
+                worker: worker.clone(),
+                delivered: e.delivered,
+            };
+            finish(config, index, e, now, Terminal::Failed(error), out);
+        } else {
+            offer_next(config, index, e, now, out);
+        }
+    }
+
+    pub(super) fn on_offer_timeout(
+        &mut self,
+        now: Millis,
+        assignment: &AssignmentId,
+        out: &mut Out,
+    ) {
+        let Router {
+            config,
+            requests,
+            index,
+        } = self;
+        let Some(e) = requests.get_mut(&assignment.request) else {
+            return;
+        };
+        if e.phase != Phase::Offered || !e.is_current(assignment) {
+            return;
+        }
+        let Some(worker) = e.current_worker().cloned() else {
+            return;
+        };
+        end_attempt(index, e, now, AttemptOutcome::TimedOut, out);
+        // Cancel first, so a late accept on the old worker is fenced there too; then
+        // offer the next candidate.
+        out.push(send_cancel(worker, assignment.clone()));
+        offer_next(config, index, e, now, out);
+    }
+
+    pub(super) fn on_deadline(&mut self, now: Millis, request: &RequestId, out: &mut Out) {
+        let Router {
+            config,
+            requests,
+            index,
+        } = self;
+        let Some(e) = requests.get_mut(request) else {
+            return;
+        };
+        if e.phase.is_terminal() || now < e.record.deadline {
+            return;
+        }
+        let deadline = e.record.deadline;
+        abandon_attempt(index, e, now, AttemptOutcome::Superseded, out);
+        let error = RouterError::DeadlineExceeded { deadline };
+        finish(config, index, e, now, Terminal::Failed(error), out);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Helpers shared by the handlers
+// ---------------------------------------------------------------------------------------
+
+/// offer-next (§2.4): offer the next ranked candidate, or fail with no-feasible-worker.
+fn offer_next(cfg: &RouterConfig, idx: &mut Index, e: &mut Entry, now: Millis, out: &mut Out) {
+    let rank = e.next;
+    let Some(scored) = e.record.candidates.feasible.get(rank) else {
+        let summary = e.no_feasible();
+        let error = RouterError::NoFeasibleWorker { summary };
+        finish(cfg, idx, e, now, Terminal::Failed(error), out);
+        return;
+    };
+    let candidate = scored.candidate.clone();
+    let estimate = scored.estimate.clone();
+    e.next += 1;
+    e.attempt += 1;
+    e.current = Some(rank);
+    let assignment = AssignmentId {
+        request: e.request.id.clone(),
+        attempt: e.attempt,
+    };
+    set_phase(idx, e, Phase::Offered);
+    match idx.in_flight.get_mut(&candidate.worker_id) {
+        Some(set) => {
+            set.insert(assignment.clone());
+        }
+        None => {
+            let set = [assignment.clone()].into_iter().collect();
+            idx.in_flight.insert(candidate.worker_id.clone(), set);
+        }
+    }
+    e.record.attempts.push(AttemptRecord {
+        attempt: e.attempt,
+        worker: candidate.worker_id.clone(),
+        tier: candidate.tier,
+        cached_tokens: candidate.cached_token_count,
+        predicted_ttft_ms: estimate.ttft_ms,
+        rank,
+        offered_at: now,
+        accepted_at: None,
+        ended_at: None,
+        outcome: AttemptOutcome::Pending,
+    });
+    let offered = DecisionEventKind::Offered {
+        attempt: e.attempt,
+        worker: candidate.worker_id.clone(),
+        tier: candidate.tier,
+        cached_tokens: candidate.cached_token_count,
+        predicted_ttft_ms: estimate.ttft_ms,
+    };
+    out.push(RouterEffect::Send(OutboundToWorker {
+        to: candidate.worker_id.clone(),
+        message: RouterMessage::Offer(Offer {
+            assignment: assignment.clone(),
+            worker_epoch: candidate.worker_epoch,
+            request: Arc::clone(&e.request),
+            candidate,
+            estimate,
+        }),
+    }));
+    out.push(local(LocalRouterEffect::SetOfferTimer {
+        assignment: assignment.clone(),
+        at: now + cfg.offer_timeout_ms,
+    }));
+    decision(out, &e.request.id, now, offered);
+    e.assignment = Some(assignment);
+}
+
+/// End the current attempt because the whole request ends (cancel, deadline): stop its
+/// offer timer if it was still an offer, record `outcome`, and tell the worker.
+fn abandon_attempt(
+    idx: &mut Index,
+    e: &mut Entry,
+    now: Millis,
+    outcome: AttemptOutcome,
+    out: &mut Out,
+) {
+    let (Some(assignment), Some(worker)) = (e.assignment.clone(), e.current_worker().cloned())
+    else {
+        return;
+    };
+    if e.phase == Phase::Offered {
+        out.push(local(LocalRouterEffect::CancelOfferTimer {
+            assignment: assignment.clone(),
+        }));
+    }
+    end_attempt(idx, e, now, outcome, out);
+    out.push(send_cancel(worker, assignment));
+}
+
+/// Close the current attempt: drop it from the in-flight index and record its outcome.
+fn end_attempt(
+    idx: &mut Index,
+    e: &mut Entry,
+    now: Millis,
+    outcome: AttemptOutcome,
+    out: &mut Out,
+) {
+    if let (Some(a), Some(worker)) = (&e.assignment, e.current_worker())
+        && let Some(set) = idx.in_flight.get_mut(worker)
+    {
+        set.remove(a);
+        if set.is_empty() {
+            idx.in_flight.remove(worker);
+        }
+    }
+    let request = e.request.id.clone();
+    if let Some(a) = e.last_attempt_mut() {
+        a.ended_at = Some(now);
+        a.outcome = outcome.clone();
+        let kind = DecisionEventKind::AttemptEnded {
+            attempt: a.attempt,
+            outcome,
+        };
+        decision(out, &request, now, kind);
+    }
+}
+
+/// Move a request to its terminal phase and deliver the outcome to the client.
+fn finish(
+    cfg: &RouterConfig,
+    idx: &mut Index,
+    e: &mut Entry,
+    now: Millis,
+    terminal: Terminal,
+    out: &mut Out,
+) {
+    let (phase, outcome, kind) = match terminal {
+        Terminal::Completed(result) => (
+            Phase::Completed,
+            TerminalOutcome::Completed,
+            DeliveryKind::Completed { result },
+        ),
+        Terminal::Failed(error) => (
+            Phase::Failed,
+            TerminalOutcome::Failed {
+                error: error.clone(),
+            },
+            DeliveryKind::Error { error },
+        ),
+        Terminal::Cancelled => (
+            Phase::Cancelled,
+            TerminalOutcome::Cancelled,
+            DeliveryKind::Cancelled,
+        ),
+    };
+    set_phase(idx, e, phase);
+    let id = e.request.id.clone();
+    if phase == Phase::Completed && e.record.measured_ttft_ms.is_none() {
+        e.record.measured_ttft_ms = Some(now.since(e.record.submitted_at));
+    }
+    e.record.outcome = Some(outcome.clone());
+    e.record.finished_at = Some(now);
+    out.push(deliver(&id, kind));
+    if now < e.record.deadline {
+        out.push(local(LocalRouterEffect::CancelDeadlineTimer {
+            request: id.clone(),
+        }));
+    }
+    let measured_ttft_ms = e.record.measured_ttft_ms;
+    decision(
+        out,
+        &id,
+        now,
+        DecisionEventKind::Finished {
+            outcome,
+            measured_ttft_ms,
+        },
+    );
+    idx.expiry.insert((now + cfg.retention_ms, id));
+}
+
+fn set_phase(idx: &mut Index, e: &mut Entry, phase: Phase) {
+    let old = idx.counts.slot(e.phase);
+    *old = old.saturating_sub(1);
+    *idx.counts.slot(phase) += 1;
+    e.phase = phase;
+}
+
+fn send_cancel(to: WorkerId, assignment: AssignmentId) -> RouterEffect {
+    RouterEffect::Send(OutboundToWorker {
+        to,
+        message: RouterMessage::Cancel(Cancel { assignment }),
+    })
+}
+
+fn local(effect: LocalRouterEffect) -> RouterEffect {
+    RouterEffect::Local(effect)
+}
+
+fn deliver(request: &RequestId, kind: DeliveryKind) -> RouterEffect {
+    local(LocalRouterEffect::Deliver(Delivery {
+        request: request.clone(),
+        kind,
+    }))
+}
+
+fn decision(out: &mut Out, request: &RequestId, now: Millis, kind: DecisionEventKind) {
+    out.push(local(LocalRouterEffect::Decision(DecisionEvent {
+        request: request.clone(),
+        at: now,
+        kind,
+    })));
+}
