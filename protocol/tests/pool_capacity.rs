@@ -2,8 +2,8 @@
 //! (spec §3.6 steps 4–6, §3.8; tests L-2, L-3, L-4, L-6 with page size 2, tokens
 //! [1 2 3 4] and max_new 2 ⇒ target 5 ⇒ 3 pages).
 //!
-//! L-1 and L-5 exercise the worker state machine's handlers and quiescence; they live
-//! with the worker (protocol/src/worker), not here.
+//! L-1, L-5 (and L-3 through the worker) drive the worker state machine over the pool:
+//! see `pool_worker.rs`.
 
 mod pool_support;
 
