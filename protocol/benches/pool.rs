@@ -5,13 +5,14 @@
 
 use std::collections::BTreeSet;
 
+use divan::{Bencher, black_box};
+
 use den_protocol::candidate::{Candidate, Tier, TransferCapabilities, estimate};
 use den_protocol::capacity::{AdmitRequest, Capacity};
 use den_protocol::ids::{AssignmentId, Epoch, RouteId, WorkerId};
 use den_protocol::pool::{Geometry, PagePool, RoutePolicy};
 use den_protocol::request::GenerationRequest;
 use den_protocol::time::Millis;
-use divan::{Bencher, black_box};
 
 fn main() {
     divan::main();

@@ -295,6 +295,10 @@ fn a_recompute_offer_replaces_an_idle_resident_continuation() {
     // The idle route's 2 pages count as freed: 3 pages fit in a 3-page pool.
     let admission = offer.admit(&mut pool).unwrap();
     assert_eq!(admission.reserved_pages, 3);
+    assert_eq!(
+        (admission.evicted_pages, admission.evicted_routes.len()),
+        (0, 0)
+    );
     assert!(pool.route(&r("conv")).is_none());
     pool.allocate(&r("conv"), 3).unwrap();
     pool.abandon(&offer.assignment, &offer.route);

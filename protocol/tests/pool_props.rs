@@ -6,6 +6,8 @@ mod pool_support;
 
 use std::collections::BTreeSet;
 
+use proptest::prelude::*;
+
 use den_protocol::candidate::Tier;
 use den_protocol::capacity::Capacity;
 use den_protocol::ids::{AssignmentId, RouteId};
@@ -15,7 +17,6 @@ use den_protocol::pool::{
 };
 use den_protocol::time::Millis;
 use pool_support::*;
-use proptest::prelude::*;
 
 const ROUTES: u8 = 5;
 const PAGES: u32 = 24;

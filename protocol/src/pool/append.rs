@@ -19,12 +19,11 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::ids::RouteId;
-
 use super::PagePool;
 use super::error::PoolError;
 use super::page::{Page, SlotState};
 use super::reservation::ReservationId;
+use crate::ids::RouteId;
 
 /// One append reservation, unique for the lifetime of a pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

@@ -26,13 +26,12 @@
 
 use std::collections::BTreeSet;
 
-use crate::candidate::Tier;
-use crate::capacity::{Admission, AdmitRequest, Capacity, DeclineReason};
-use crate::ids::{AssignmentId, ModelFingerprint, RouteId};
-
 use super::PagePool;
 use super::reservation::ReservationId;
 use super::route::Route;
+use crate::candidate::Tier;
+use crate::capacity::{Admission, AdmitRequest, Capacity, DeclineReason};
+use crate::ids::{AssignmentId, ModelFingerprint, RouteId};
 
 /// What an admitted assignment holds in the pool.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,9 +1,8 @@
 //! Why a pool operation was refused. Every refusal leaves the pool unchanged.
 
-use crate::ids::{ModelFingerprint, RouteId};
-
 use super::append::AppendId;
 use super::page::{Generation, Page, TransferKind};
+use crate::ids::{ModelFingerprint, RouteId};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PoolError {

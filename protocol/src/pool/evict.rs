@@ -16,14 +16,13 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::ids::RouteId;
-use crate::time::Millis;
-
 use super::PagePool;
 use super::error::PoolError;
 use super::page::Page;
 use super::reservation::ReservationId;
 use super::route::{Route, RoutePolicy};
+use crate::ids::RouteId;
+use crate::time::Millis;
 
 /// The outcome of planning room for `required` pages.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -93,7 +92,7 @@ pub struct Grant {
     pub reservation: ReservationId,
     /// Pages the reservation removed from the free set.
     pub reserved_pages: u32,
-    /// Free pages before any eviction.
+    /// Free pages before any eviction (after dropping a replaced route).
     pub free_before: u32,
     pub evictions: Vec<Eviction>,
 }
@@ -182,8 +181,7 @@ impl PagePool {
         };
         let drop_first = replace.then_some(route);
         let sim = self.simulate(required, protected, Some(route), drop_first);
-        let free_before = self.free_count();
-        let victims = match sim.plan(required, free_before) {
+        let victims = match sim.plan(required, self.free_count()) {
             EvictionPlan::Admissible { evictions, .. } => evictions,
             EvictionPlan::Shortfall {
                 required,
@@ -200,6 +198,7 @@ impl PagePool {
         if replace {
             self.release_route(route)?;
         }
+        let free_before = self.free_count();
         let reason = EvictionReason::Capacity {
             for_route: route.clone(),
         };

@@ -11,13 +11,12 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::ids::RouteId;
-
 use super::PagePool;
 use super::append::AppendId;
 use super::error::PoolError;
 use super::page::Page;
 use super::scatter::PageTable;
+use crate::ids::RouteId;
 
 /// A lease, unique for the lifetime of a pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

@@ -2,10 +2,9 @@
 
 use std::collections::BTreeSet;
 
+use super::PagePool;
 use crate::ids::RouteId;
 use crate::observation::{GpuPrefix, PoolStats};
-
-use super::PagePool;
 
 impl PagePool {
     /// Occupancy for operators. `evictable` is computed with `protected` excluded (pass

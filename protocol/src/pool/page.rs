@@ -22,11 +22,10 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::ids::RouteId;
-
 use super::PagePool;
 use super::error::PoolError;
 use super::reservation::ReservationId;
+use crate::ids::RouteId;
 
 /// A physical page number in `0..page_count`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

@@ -11,11 +11,10 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::ids::RouteId;
-
 use super::PagePool;
 use super::error::PoolError;
 use super::page::Page;
+use crate::ids::RouteId;
 
 /// A capacity reservation, unique for the lifetime of a pool (never reused).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

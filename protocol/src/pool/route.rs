@@ -8,15 +8,14 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::chunk::PrefixHash;
-use crate::ids::{ModelFingerprint, RouteId};
-use crate::time::Millis;
-
 use super::PagePool;
 use super::append::{AppendId, PendingAppend};
 use super::error::PoolError;
 use super::evict::EvictKey;
 use super::page::Page;
+use crate::chunk::PrefixHash;
+use crate::ids::{ModelFingerprint, RouteId};
+use crate::time::Millis;
 
 /// A resident continuation.
 #[derive(Debug, Clone, PartialEq)]

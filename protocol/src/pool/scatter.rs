@@ -8,11 +8,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::ids::RouteId;
-
 use super::PagePool;
 use super::error::PoolError;
 use super::page::Page;
+use crate::ids::RouteId;
 
 /// Contiguous rows of one page: `tokens` rows from row `offset`, holding the chunk's
 /// tokens `chunk_offset .. chunk_offset + tokens`.
