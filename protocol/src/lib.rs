@@ -8,13 +8,17 @@
 //! - [`ids`], [`time`], [`request`]: identities, logical time, validated requests;
 //! - [`candidate`]: candidates, estimates (predicted TTFT) and ranking;
 //! - [`chunk`]: chained prefix hashes at a fixed chunk size;
-//! - [`observation`]: heartbeat payloads; [`calibration`]: EWMA cost calibration.
+//! - [`observation`]: heartbeat payloads; [`calibration`]: EWMA cost calibration;
+//! - [`skulk`]: the Skulk-compatible management API types (both dialects);
+//! - [`evidence`]: the evidence reducer and readiness verdicts;
+//! - [`placement`]: the exact-placement workflow (fence, submit, reconcile, probe).
 
 pub mod calibration;
-pub mod capacity;
 pub mod candidate;
+pub mod capacity;
 pub mod chunk;
 pub mod ids;
 pub mod observation;
 pub mod request;
+pub mod skulk;
 pub mod time;
