@@ -17,6 +17,7 @@ pub mod calibration;
 pub mod candidate;
 pub mod capacity;
 pub mod chunk;
+pub mod evidence;
 pub mod ids;
 pub mod observation;
 pub mod request;

@@ -26,7 +26,7 @@ tagged_union! {
 }
 
 /// Coarse classification of a download record.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum DownloadPhase {
     Pending,
     Ongoing,

@@ -52,7 +52,7 @@ pub struct RunnerFailed {
 }
 
 /// A coarse classification of [`RunnerStatus`] for readiness decisions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum RunnerPhase {
     /// Idle … WarmingUp: on its way, not serving yet.
     Starting,
