@@ -20,6 +20,7 @@ pub mod chunk;
 pub mod evidence;
 pub mod ids;
 pub mod observation;
+pub mod placement;
 pub mod request;
 pub mod skulk;
 pub mod time;
