@@ -8,3 +8,4 @@ pub mod auth;
 pub mod config;
 pub mod logging;
 pub mod metrics;
+pub mod serving;
