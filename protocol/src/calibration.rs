@@ -26,7 +26,14 @@ impl Default for Ewma {
 
 impl Ewma {
     pub fn new(alpha: f64) -> Self {
-        Ewma { alpha: alpha.clamp(0.0, 1.0), value: None, count: 0, min: 0.0, max: 0.0, last: 0.0 }
+        Ewma {
+            alpha: alpha.clamp(0.0, 1.0),
+            value: None,
+            count: 0,
+            min: 0.0,
+            max: 0.0,
+            last: 0.0,
+        }
     }
 
     /// Adds a sample; returns false (and changes nothing) for a non-finite or negative one.

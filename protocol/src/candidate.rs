@@ -26,7 +26,14 @@ pub enum Tier {
 }
 
 impl Tier {
-    pub const ALL: [Tier; 6] = [Tier::Gpu, Tier::Ram, Tier::Ssd, Tier::Peer, Tier::Object, Tier::None];
+    pub const ALL: [Tier; 6] = [
+        Tier::Gpu,
+        Tier::Ram,
+        Tier::Ssd,
+        Tier::Peer,
+        Tier::Object,
+        Tier::None,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -178,7 +185,11 @@ pub fn estimate_shape(processed: u32, max_new: u32, c: &Candidate) -> Estimate {
     let cached = c.cached_token_count;
     let missing = processed as i64 - cached as i64;
     let target = processed.saturating_add(max_new);
-    let resident = if c.tier == Tier::Gpu { pages_for(cached as u64, c.page_size) } else { 0 };
+    let resident = if c.tier == Tier::Gpu {
+        pages_for(cached as u64, c.page_size)
+    } else {
+        0
+    };
     let required = pages_for(target as u64, c.page_size).saturating_sub(resident);
     let available = c.free_pages as u64 + c.evictable_pages as u64;
     let infeasible = if !c.exact {
@@ -251,7 +262,10 @@ pub fn rank_shape(processed: u32, max_new: u32, candidates: Vec<Candidate>) -> R
     let mut ranking = Ranking::default();
     for candidate in candidates {
         let estimate = estimate_shape(processed, max_new, &candidate);
-        let scored = Scored { candidate, estimate };
+        let scored = Scored {
+            candidate,
+            estimate,
+        };
         if scored.estimate.feasible() {
             ranking.feasible.push(scored);
         } else {
@@ -267,7 +281,11 @@ pub fn offer_order(a: &Scored, b: &Scored) -> Ordering {
     a.estimate
         .ttft_ms
         .total_cmp(&b.estimate.ttft_ms)
-        .then_with(|| b.candidate.cached_token_count.cmp(&a.candidate.cached_token_count))
+        .then_with(|| {
+            b.candidate
+                .cached_token_count
+                .cmp(&a.candidate.cached_token_count)
+        })
         .then_with(|| a.candidate.worker_id.cmp(&b.candidate.worker_id))
         .then_with(|| a.candidate.tier.cmp(&b.candidate.tier))
 }
@@ -317,12 +335,19 @@ pub(crate) mod tests {
             gpu_restore_ms: 8.0,
             ..router_fixture("remote", Tier::Object, 100)
         };
-        let local = Candidate { queue_ms: 5.0, ..router_fixture("local", Tier::Gpu, 64) };
+        let local = Candidate {
+            queue_ms: 5.0,
+            ..router_fixture("local", Tier::Gpu, 64)
+        };
         let r = request_p100();
         assert_eq!(estimate(&r, &remote).ttft_ms, 90.0);
         assert_eq!(estimate(&r, &local).ttft_ms, 25.0);
         let ranking = rank(&r, vec![remote, local]);
-        let order: Vec<_> = ranking.feasible.iter().map(|s| s.candidate.worker_id.as_str()).collect();
+        let order: Vec<_> = ranking
+            .feasible
+            .iter()
+            .map(|s| s.candidate.worker_id.as_str())
+            .collect();
         assert_eq!(order, ["local", "remote"]);
     }
 
@@ -345,7 +370,9 @@ pub(crate) mod tests {
     fn r3_transfer_capability_is_exposed_but_never_discounts() {
         let plain = router_fixture("w", Tier::Ssd, 80);
         let overlapped = Candidate {
-            transfer: TransferCapabilities { live_overlap_eligible: true },
+            transfer: TransferCapabilities {
+                live_overlap_eligible: true,
+            },
             ..plain.clone()
         };
         let r = request_p100();
@@ -357,24 +384,50 @@ pub(crate) mod tests {
     #[test]
     fn r4_capacity_and_context_are_hard_constraints() {
         let r = request_p100();
-        let tight = Candidate { free_pages: 1, ..router_fixture("w", Tier::None, 0) };
-        assert_eq!(estimate(&r, &tight).infeasible, Some(Infeasible::InsufficientPages));
-        let short = Candidate { max_context: 110, ..router_fixture("w", Tier::None, 0) };
-        assert_eq!(estimate(&r, &short).infeasible, Some(Infeasible::ContextCapacityExceeded));
-        let approx = Candidate { exact: false, ..router_fixture("w", Tier::None, 0) };
+        let tight = Candidate {
+            free_pages: 1,
+            ..router_fixture("w", Tier::None, 0)
+        };
+        assert_eq!(
+            estimate(&r, &tight).infeasible,
+            Some(Infeasible::InsufficientPages)
+        );
+        let short = Candidate {
+            max_context: 110,
+            ..router_fixture("w", Tier::None, 0)
+        };
+        assert_eq!(
+            estimate(&r, &short).infeasible,
+            Some(Infeasible::ContextCapacityExceeded)
+        );
+        let approx = Candidate {
+            exact: false,
+            ..router_fixture("w", Tier::None, 0)
+        };
         assert_eq!(estimate(&r, &approx).infeasible, Some(Infeasible::NotExact));
         let long = router_fixture("w", Tier::Ssd, 101);
-        assert_eq!(estimate(&r, &long).infeasible, Some(Infeasible::PrefixLongerThanRequest));
+        assert_eq!(
+            estimate(&r, &long).infeasible,
+            Some(Infeasible::PrefixLongerThanRequest)
+        );
     }
 
     #[test]
     fn ties_prefer_longer_prefix_then_worker_id() {
         let r = request_p100();
         // Both predict 2.0 + 0.5 × missing: make them equal with different prefixes.
-        let a = Candidate { queue_ms: 10.0, ..router_fixture("b", Tier::Ssd, 100) };
-        let b = Candidate { ..router_fixture("a", Tier::Ssd, 80) };
+        let a = Candidate {
+            queue_ms: 10.0,
+            ..router_fixture("b", Tier::Ssd, 100)
+        };
+        let b = Candidate {
+            ..router_fixture("a", Tier::Ssd, 80)
+        };
         let ranking = rank(&r, vec![b, a]);
-        assert_eq!(ranking.feasible[0].estimate.ttft_ms, ranking.feasible[1].estimate.ttft_ms);
+        assert_eq!(
+            ranking.feasible[0].estimate.ttft_ms,
+            ranking.feasible[1].estimate.ttft_ms
+        );
         assert_eq!(ranking.feasible[0].candidate.cached_token_count, 100);
         let c = router_fixture("z", Tier::None, 0);
         let d = router_fixture("y", Tier::None, 0);

@@ -46,7 +46,15 @@ impl PrefixHash {
 impl fmt::Display for PrefixHash {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let h = hex::encode(self.0);
-        write!(f, "{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
+        write!(
+            f,
+            "{}-{}-{}-{}-{}",
+            &h[0..8],
+            &h[8..12],
+            &h[12..16],
+            &h[16..20],
+            &h[20..32]
+        )
     }
 }
 
@@ -170,7 +178,10 @@ mod tests {
         let a = plan_chunks(&[1, 2, 3], 2);
         assert_eq!((a[1].start, a[1].token_count, a[1].end()), (2, 1, 3));
         // [0] vs [0, 0]: the token count is part of the hash.
-        assert_ne!(PrefixHash::chain(PrefixHash::ROOT, &[0]), PrefixHash::chain(PrefixHash::ROOT, &[0, 0]));
+        assert_ne!(
+            PrefixHash::chain(PrefixHash::ROOT, &[0]),
+            PrefixHash::chain(PrefixHash::ROOT, &[0, 0])
+        );
     }
 
     #[test]
@@ -180,7 +191,10 @@ mod tests {
         assert_eq!(s.len(), 36);
         assert_eq!(&s[14..15], "5");
         assert_eq!(s.parse::<PrefixHash>().unwrap(), h);
-        assert_eq!(serde_json::from_str::<PrefixHash>(&serde_json::to_string(&h).unwrap()).unwrap(), h);
+        assert_eq!(
+            serde_json::from_str::<PrefixHash>(&serde_json::to_string(&h).unwrap()).unwrap(),
+            h
+        );
         assert!("xyz".parse::<PrefixHash>().is_err());
     }
 

@@ -75,7 +75,9 @@ impl From<&RequestId> for RouteId {
 
 /// A worker process generation. It increases on every process start (and on a simulated
 /// crash), so offers built from observations of an earlier process are declined.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
 #[serde(transparent)]
 pub struct Epoch(pub u64);
 
@@ -102,7 +104,10 @@ pub struct AssignmentId {
 
 impl AssignmentId {
     pub fn new(request: impl Into<RequestId>, attempt: u64) -> Self {
-        Self { request: request.into(), attempt }
+        Self {
+            request: request.into(),
+            attempt,
+        }
     }
 }
 
@@ -115,7 +120,9 @@ impl fmt::Display for AssignmentId {
 /// The version of a worker heartbeat: `(epoch, sequence)`, compared lexicographically.
 /// Equal or older versions are ignored, so a restart (epoch + 1, sequence 0) beats any
 /// sequence of an older epoch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
 pub struct HeartbeatVersion {
     pub epoch: Epoch,
     pub sequence: u64,
@@ -123,7 +130,10 @@ pub struct HeartbeatVersion {
 
 impl HeartbeatVersion {
     pub fn new(epoch: u64, sequence: u64) -> Self {
-        Self { epoch: Epoch(epoch), sequence }
+        Self {
+            epoch: Epoch(epoch),
+            sequence,
+        }
     }
 }
 
@@ -149,6 +159,9 @@ mod tests {
         let id = AssignmentId::new("req-1", 2);
         let json = serde_json::to_string(&id).unwrap();
         assert_eq!(json, r#"{"request":"req-1","attempt":2}"#);
-        assert_eq!(serde_json::to_string(&WorkerId::from("w")).unwrap(), r#""w""#);
+        assert_eq!(
+            serde_json::to_string(&WorkerId::from("w")).unwrap(),
+            r#""w""#
+        );
     }
 }

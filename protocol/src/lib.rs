@@ -8,12 +8,14 @@
 //! - [`ids`], [`time`], [`request`]: identities, logical time, validated requests;
 //! - [`candidate`]: candidates, estimates (predicted TTFT) and ranking;
 //! - [`chunk`]: chained prefix hashes at a fixed chunk size;
-//! - [`observation`]: heartbeat payloads; [`calibration`]: EWMA cost calibration.
+//! - [`observation`]: heartbeat payloads; [`calibration`]: EWMA cost calibration;
+//! - [`fleet`]: routing policies compared on a production trace in a fleet simulator.
 
 pub mod calibration;
-pub mod capacity;
 pub mod candidate;
+pub mod capacity;
 pub mod chunk;
+pub mod fleet;
 pub mod ids;
 pub mod observation;
 pub mod request;

@@ -68,7 +68,10 @@ pub struct Observation {
 
 impl Observation {
     pub fn version(&self) -> HeartbeatVersion {
-        HeartbeatVersion { epoch: self.epoch, sequence: self.sequence }
+        HeartbeatVersion {
+            epoch: self.epoch,
+            sequence: self.sequence,
+        }
     }
 
     /// A minimal valid observation, for tests and simple runtimes to fill in.
@@ -154,11 +157,19 @@ fn yes() -> bool {
 }
 
 fn non_negative(name: &'static str, v: f64) -> Result<(), ObservationError> {
-    if v.is_finite() && v >= 0.0 { Ok(()) } else { Err(ObservationError::NegativeOrNonFinite(name)) }
+    if v.is_finite() && v >= 0.0 {
+        Ok(())
+    } else {
+        Err(ObservationError::NegativeOrNonFinite(name))
+    }
 }
 
 fn positive(name: &'static str, v: f64) -> Result<(), ObservationError> {
-    if v.is_finite() && v > 0.0 { Ok(()) } else { Err(ObservationError::NotPositive(name)) }
+    if v.is_finite() && v > 0.0 {
+        Ok(())
+    } else {
+        Err(ObservationError::NotPositive(name))
+    }
 }
 
 impl TryFrom<RawObservation> for Observation {
@@ -218,7 +229,9 @@ mod tests {
         let json = serde_json::to_string(&o).unwrap();
         assert_eq!(serde_json::from_str::<Observation>(&json).unwrap(), o);
         let bad = json.replace(r#""queue_ms":0.0"#, r#""queue_ms":-1.0"#);
-        let err = serde_json::from_str::<Observation>(&bad).unwrap_err().to_string();
+        let err = serde_json::from_str::<Observation>(&bad)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("queue_ms"), "{err}");
     }
 }

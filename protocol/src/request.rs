@@ -112,7 +112,9 @@ impl GenerationRequest {
 
     /// The route this request's KV lives in: its continuation id, else its request id.
     pub fn route_id(&self) -> RouteId {
-        self.continuation_id.clone().unwrap_or_else(|| RouteId::from(&self.id))
+        self.continuation_id
+            .clone()
+            .unwrap_or_else(|| RouteId::from(&self.id))
     }
 }
 
@@ -170,10 +172,9 @@ mod tests {
 
     #[test]
     fn defaults_arrival_and_priority_to_zero() {
-        let r: GenerationRequest = serde_json::from_str(
-            r#"{"id":"r","model":"m","tokens":[1,2,3],"max_new_tokens":2}"#,
-        )
-        .unwrap();
+        let r: GenerationRequest =
+            serde_json::from_str(r#"{"id":"r","model":"m","tokens":[1,2,3],"max_new_tokens":2}"#)
+                .unwrap();
         assert_eq!((r.arrival, r.priority), (0, 0));
         assert_eq!((r.processed(), r.target()), (2, 4));
         assert_eq!(r.route_id(), RouteId::from("r"));
@@ -181,10 +182,22 @@ mod tests {
 
     #[test]
     fn rejects_invalid_requests_with_one_error_each() {
-        assert_eq!(GenerationRequest::new("", "m", vec![1], 1), Err(RequestError::EmptyId));
-        assert_eq!(GenerationRequest::new("r", " ", vec![1], 1), Err(RequestError::BlankModel));
-        assert_eq!(GenerationRequest::new("r", "m", vec![], 1), Err(RequestError::NoTokens));
-        assert_eq!(GenerationRequest::new("r", "m", vec![1], 0), Err(RequestError::ZeroMaxNew));
+        assert_eq!(
+            GenerationRequest::new("", "m", vec![1], 1),
+            Err(RequestError::EmptyId)
+        );
+        assert_eq!(
+            GenerationRequest::new("r", " ", vec![1], 1),
+            Err(RequestError::BlankModel)
+        );
+        assert_eq!(
+            GenerationRequest::new("r", "m", vec![], 1),
+            Err(RequestError::NoTokens)
+        );
+        assert_eq!(
+            GenerationRequest::new("r", "m", vec![1], 0),
+            Err(RequestError::ZeroMaxNew)
+        );
         let bad = serde_json::from_str::<GenerationRequest>(
             r#"{"id":"r","model":"m","tokens":[],"max_new_tokens":2}"#,
         );

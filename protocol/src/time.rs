@@ -10,7 +10,9 @@ use std::ops::{Add, Sub};
 use serde::{Deserialize, Serialize};
 
 /// A point in logical time, in milliseconds since the runtime's origin.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
 #[serde(transparent)]
 pub struct Millis(pub u64);
 
