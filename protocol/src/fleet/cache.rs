@@ -322,6 +322,10 @@ impl Tier {
 }
 
 /// An intrusive doubly linked list over block indices: cold end first.
+///
+/// Invariant that makes the indexing in `push_hot` and `unlink` safe: `prev`, `next` and
+/// `linked` always have the same length, and both methods check the index against
+/// `linked` before indexing.
 #[derive(Debug, Clone)]
 struct Lru {
     prev: Vec<u32>,
@@ -344,8 +348,6 @@ impl Lru {
         }
     }
 
-    // Invariant for the indexing below: `prev`, `next` and `linked` have the same length
-    // and `i` was bounds-checked against `linked` first.
     fn push_hot(&mut self, b: u32) {
         let i = b as usize;
         if self.linked.get(i).is_none_or(|l| *l) {

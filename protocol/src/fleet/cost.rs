@@ -24,7 +24,7 @@
 //!   — **derived**. Achieved fraction of peak (MFU) **0.5** — **assumption**
 //!   (FlashAttention-3 reaches ~75% of H100 BF16 peak in its kernel [src: Shah et al.
 //!   2024, arXiv 2407.08608]; end-to-end serving loses more to non-GEMM work).
-//!   Cross-check: this gives 8,192 fresh tokens in ≈ 0.27 s; the default polynomial
+//!   Cross-check: this gives 8,192 fresh tokens in ≈ 0.30 s; the default polynomial
 //!   of NVIDIA Dynamo's mocker, `4.21e-7·t² + 0.0152·t + 16.5` ms, gives 0.17 s for the
 //!   same batch [src: ai-dynamo/dynamo `lib/mocker/src/common/perf_model.rs`]. Ours is the
 //!   more conservative (slower prefill makes caching worth more to *every* policy).
@@ -70,10 +70,11 @@
 //!   engines; **assumption**); reads on a request's critical path are timed on FIFO
 //!   links (one per PCIe direction, NVMe, NIC direction).
 //!
-//! Reload vs recompute for one 512-token block at position ~6 k (**derived**): RAM 1.2 ms,
-//! SSD 11 ms, object 23 ms, recompute ≈ 18 ms dense + 3 ms attention. So RAM always pays,
-//! SSD pays, and the object store pays only when it overlaps queueing or deep in a
-//! long context — exactly the trade-off a TTFT estimate has to make per request.
+//! Reload vs recompute for one 512-token block at position ~6 k (**derived**): RAM 1.2 ms
+//! (PCIe), SSD 10 + 1.2 ms, object 21.5 + 1.2 ms plus 30 ms once per load, recompute
+//! ≈ 16.6 ms dense + 3.4 ms attention. So RAM always pays, SSD pays, and the object store
+//! pays only for long prefixes, deep in a long context, or when it overlaps queueing —
+//! exactly the trade-off a TTFT estimate has to make per request.
 
 use serde::{Deserialize, Serialize};
 

@@ -10,18 +10,21 @@
 //! Two documented extensions of §6.1, both inside the estimator's inputs:
 //! - the durable walk treats GPU-resident blocks as a zero-cost source (a paged pool
 //!   keeps them in place), so "GPU prefix + RAM/SSD suffix" is one alternative;
-//! - boundaries that cannot win are pruned: within a run of blocks from one tier the
-//!   estimate is convex in the boundary (linear before and after the point where the
-//!   load overtakes the queue), so only a run's first and last boundary and the two
-//!   around that crossing are emitted. The ranking is the same as with every boundary.
+//! - boundaries that cannot win are pruned: within a run of blocks from one tier, the
+//!   estimate as a function of the boundary is linear or concave on each side of the
+//!   point where the load overtakes the queue (each block adds the same load and restore
+//!   and saves at least as much attention as the one before), so its minimum lies at the
+//!   run's first or last boundary or next to that crossing; only those are emitted, and
+//!   the winner is the same as with every boundary.
 //!
 //! The queue estimate ([`QueueModel`]) is where den's load prediction lives.
 
 use serde::{Deserialize, Serialize};
 
 use super::cost::CostModel;
+use super::load::WorkerLoad;
 use super::policy::{FleetView, Policy, Route, RouteRequest};
-use super::worker::{Reuse, Source, WorkerLoad};
+use super::worker::{Reuse, Source};
 use crate::candidate::{Candidate, Scored, Tier, TransferCapabilities, pages_for, rank_shape};
 use crate::ids::{Epoch, WorkerId};
 

@@ -24,6 +24,8 @@ pub mod baselines;
 pub mod cache;
 pub mod cost;
 pub mod den;
+mod link;
+pub mod load;
 pub mod metrics;
 pub mod policy;
 pub mod sim;
@@ -32,6 +34,7 @@ pub mod worker;
 
 pub use cost::CostModel;
 pub use den::{DecisionRecord, DenOptions, DenPolicy, QueueModel};
+pub use load::WorkerLoad;
 pub use metrics::{FleetReport, PolicyReport};
 pub use policy::{FleetView, Policy, PolicyError, PolicyKind, Route, RouteRequest, parse_policies};
 pub use sim::{FleetConfig, PolicyRun, run_policy, run_with};

@@ -13,7 +13,8 @@ use serde::{Deserialize, Serialize};
 use super::baselines::{DynamoPolicy, LlmdPolicy, SglangPolicy};
 use super::cost::{CostModel, Micros};
 use super::den::{DecisionRecord, DenOptions, DenPolicy};
-use super::worker::{Reuse, Shared, Source, Worker, WorkerLoad, source_of};
+use super::load::WorkerLoad;
+use super::worker::{Reuse, Shared, Source, Worker, source_of};
 use crate::ids::WorkerId;
 
 /// The request being routed, as a router sees it.

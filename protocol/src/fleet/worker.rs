@@ -21,6 +21,8 @@ use std::collections::{BinaryHeap, HashMap, VecDeque};
 
 use super::cache::{BlockCache, Level};
 use super::cost::{CostModel, Micros, positions};
+use super::link::Link;
+use super::load::WorkerLoad;
 use super::trace::Workload;
 use crate::calibration::Ewma;
 
@@ -90,66 +92,6 @@ pub(crate) struct Shared<'a> {
 impl Shared<'_> {
     pub fn block_bytes(&self, b: u32) -> u64 {
         self.cost.kv_bytes(self.workload.block_tokens(b) as u64)
-    }
-}
-
-/// A worker's load as a router observes it (all policies see the same, current values).
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct WorkerLoad {
-    /// Routed here, not yet admitted (vLLM's `num_requests_waiting`).
-    pub waiting: u32,
-    /// Admitted: prefilling or decoding (vLLM's `num_requests_running`).
-    pub running: u32,
-    /// Prompt tokens still to be computed by waiting and prefilling requests.
-    pub pending_prefill_tokens: u64,
-    /// Modelled solo prefill time of that pending work, ms ([`CostModel::solo_prefill_ms`]
-    /// over each request's remaining range); multiply by `prefill_calibration`.
-    pub pending_prefill_model_ms: f64,
-    /// Measured / modelled prefill time (EWMA over completed prefills): how much slower
-    /// than the roofline this worker's prefills really run (decode interference, batching).
-    pub prefill_calibration: f64,
-    /// Time until the worker's NVMe read queue drains, ms.
-    pub nvme_backlog_ms: f64,
-    /// Time until the worker's object-store download queue drains, ms.
-    pub object_backlog_ms: f64,
-    /// Time until the worker's host → GPU copy queue drains, ms.
-    pub pcie_backlog_ms: f64,
-    /// KV blocks held or reserved by requests routed here and not finished.
-    pub active_blocks: u32,
-    pub capacity_blocks: u32,
-    pub free_blocks: u32,
-    pub evictable_blocks: u32,
-    /// Measured prefill cost (EWMA of per-request prefill wall time / tokens), ms.
-    pub prefill_ms_per_token: f64,
-    /// Measured duration of a decode step (EWMA), ms: the cost of the first token.
-    pub decode_step_ms: f64,
-    /// Time until the step in progress ends, ms.
-    pub step_remaining_ms: f64,
-    /// Pool blocks the waiting requests (ahead of a new one, FCFS) still need.
-    pub waiting_blocks: u32,
-    /// For each running request: expected ms until it finishes and the blocks it then
-    /// releases, soonest first (remaining prefill at the calibrated rate, then the
-    /// worker's mean output length so far — not the request's true length, which a real
-    /// worker cannot know — at the measured decode step).
-    pub releases: Vec<(f64, u32)>,
-}
-
-impl WorkerLoad {
-    /// Requests routed here and not finished.
-    pub fn in_flight(&self) -> u32 {
-        self.waiting + self.running
-    }
-
-    /// Fraction of the pool held by requests (cached, unpinned blocks count as free, as
-    /// in vLLM's `kv_cache_usage`).
-    pub fn kv_usage(&self) -> f64 {
-        if self.capacity_blocks == 0 {
-            return 1.0;
-        }
-        let used = self
-            .capacity_blocks
-            .saturating_sub(self.free_blocks + self.evictable_blocks);
-        used as f64 / self.capacity_blocks as f64
     }
 }
 
@@ -656,48 +598,5 @@ pub(crate) fn source_of(
         Some(Level::Ssd) => Some(Source::Ssd),
         None if published_at.get(b as usize).is_some_and(|t| *t <= now) => Some(Source::Object),
         None => None,
-    }
-}
-
-/// A transfer link (one PCIe direction, an NVMe drive, one NIC direction): transfers run
-/// one at a time, each in the earliest idle gap at or after it can start, so a transfer
-/// whose data is ready early is not held behind one booked for later (work-conserving,
-/// non-preemptive).
-#[derive(Debug, Clone, Default)]
-struct Link {
-    /// Booked intervals `[start, end)`, sorted and disjoint.
-    busy: Vec<(Micros, Micros)>,
-}
-
-impl Link {
-    /// Books `duration` µs starting no earlier than `earliest`; returns the end time.
-    fn reserve(&mut self, earliest: Micros, duration: Micros) -> Micros {
-        self.busy
-            .retain(|&(_, end)| end > earliest.saturating_sub(60_000_000));
-        let mut start = earliest;
-        let mut at = self.busy.len();
-        for (i, &(s, e)) in self.busy.iter().enumerate() {
-            if e <= start {
-                continue;
-            }
-            if s >= start + duration {
-                at = i;
-                break;
-            }
-            start = start.max(e);
-        }
-        self.busy
-            .insert(at.min(self.busy.len()), (start, start + duration));
-        start + duration
-    }
-
-    /// Booked transfer time still ahead of `now`, ms.
-    fn backlog_ms(&self, now: Micros) -> f64 {
-        let us: Micros = self
-            .busy
-            .iter()
-            .map(|&(s, e)| e.saturating_sub(s.max(now)))
-            .sum();
-        us as f64 / 1e3
     }
 }
