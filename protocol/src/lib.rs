@@ -19,7 +19,8 @@
 //! - [`sim`]: the deterministic simulator that drives both machines;
 //! - [`skulk`]: the Skulk-compatible management API types (both dialects);
 //! - [`evidence`]: the evidence reducer and readiness verdicts;
-//! - [`placement`]: the exact-placement workflow (fence, submit, reconcile, probe).
+//! - [`placement`]: the exact-placement workflow (fence, submit, reconcile, probe);
+//! - [`fleet`]: the fleet simulator that compares routing policies on production traces.
 
 pub mod calibration;
 pub mod candidate;
@@ -29,6 +30,7 @@ pub mod chunk;
 pub mod decision;
 pub mod discovery;
 pub mod evidence;
+pub mod fleet;
 pub mod ids;
 pub mod observation;
 pub mod placement;
