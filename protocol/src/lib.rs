@@ -20,6 +20,7 @@
 //! - [`skulk`]: the Skulk-compatible management API types (both dialects);
 //! - [`evidence`]: the evidence reducer and readiness verdicts;
 //! - [`placement`]: the exact-placement workflow (fence, submit, reconcile, probe);
+//! - [`feed`]: the console feed a den router streams to consoles;
 //! - [`fleet`]: the fleet simulator that compares routing policies on production traces.
 
 pub mod calibration;
@@ -30,6 +31,7 @@ pub mod chunk;
 pub mod decision;
 pub mod discovery;
 pub mod evidence;
+pub mod feed;
 pub mod fleet;
 pub mod ids;
 pub mod observation;
