@@ -3,3 +3,7 @@
 //! The binary (`src/main.rs`) is a thin command-line shell over these modules; the
 //! decisions themselves live in `den-protocol`, and this crate interprets their effects
 //! with real sockets, timers, memory and storage.
+
+pub mod engine;
+pub mod memory;
+pub mod tiers;
