@@ -67,7 +67,6 @@ impl ObjectTier {
                     .with_bucket_name(bucket)
                     .with_region(s.region.clone().unwrap_or_else(|| "us-east-1".to_owned()))
                     .with_virtual_hosted_style_request(false)
-                    .with_allow_http(s.http_allowed())
                     .with_retry(RetryConfig {
                         backoff: BackoffConfig {
                             init_backoff: Duration::from_millis(100),
@@ -77,11 +76,14 @@ impl ObjectTier {
                         max_retries: 3,
                         retry_timeout: Duration::from_secs(30),
                     })
+                    // Client options replace the builder's, allow_http included, so
+                    // allow_http is set after them.
                     .with_client_options(
                         ClientOptions::new()
                             .with_connect_timeout(Duration::from_secs(5))
                             .with_timeout(Duration::from_secs(120)),
-                    );
+                    )
+                    .with_allow_http(s.http_allowed());
                 if let Some(ep) = &s.endpoint {
                     b = b.with_endpoint(ep);
                 }
@@ -107,6 +109,11 @@ impl ObjectTier {
 
     pub fn url(&self) -> &ObjectUrl {
         &self.url
+    }
+
+    /// The underlying store (tools and tests; bypasses verification).
+    pub fn store(&self) -> &Arc<dyn ObjectStore> {
+        &self.store
     }
 
     /// The object name of `key`.
