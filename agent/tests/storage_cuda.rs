@@ -36,7 +36,12 @@ fn open_or_skip(options: CudaOptions) -> Option<CudaMemory> {
 #[test]
 fn cuda_open_without_driver_is_a_clear_error_not_a_panic() {
     if cuda::driver_present() {
-        println!("skipped: a CUDA driver is present on this host");
+        // With a driver, the clear error to check is a GPU that does not exist.
+        let e = CudaMemory::open(999, geometry())
+            .err()
+            .expect("there is no GPU 999");
+        assert!(e.to_string().contains("GPU 999 does not exist"), "{e}");
+        println!("driver present: checked the missing-GPU error instead: {e}");
         return;
     }
     let e = CudaMemory::open(0, geometry())

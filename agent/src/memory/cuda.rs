@@ -430,7 +430,13 @@ fn timed(
 }
 
 fn context(ordinal: usize) -> Result<Arc<CudaContext>, MemoryError> {
-    let count = device_count()?;
+    // A driver without a usable GPU fails cuInit (e.g. CUDA_ERROR_NO_DEVICE).
+    let count = device_count().map_err(|e| match e {
+        MemoryError::Driver { op, message } => {
+            MemoryError::Unavailable(format!("{op} failed ({message}); use --backend host"))
+        }
+        other => other,
+    })?;
     if count == 0 {
         return Err(MemoryError::Unavailable(
             "the CUDA driver reports no GPU on this host; use --backend host".into(),
