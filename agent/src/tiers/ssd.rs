@@ -489,6 +489,35 @@ mod tests {
     }
 
     #[test]
+    fn ssd_failed_write_returns_no_receipt_and_indexes_nothing() {
+        run(async {
+            let dir = tempfile::tempdir().unwrap();
+            let ssd = SsdTier::open(dir.path(), 1 << 20).unwrap();
+            let c = chunk("m", 10, 8, 64);
+            // A regular file where the chunk's shard directory must go: the rename fails.
+            let shard = ssd.path_of(c.key()).parent().unwrap().to_path_buf();
+            fs::write(&shard, b"in the way").unwrap();
+            let e = ssd.put(&c).await.unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    TierError::Io {
+                        tier: Tier::Ssd,
+                        ..
+                    }
+                ),
+                "{e}"
+            );
+            assert!(!ssd.contains(c.key()).await.unwrap());
+            assert_eq!(ssd.usage().await.unwrap().count, 0);
+            assert_eq!(ssd.io_totals().writes.count, 0);
+            assert_eq!(fs::read_dir(dir.path().join("tmp")).unwrap().count(), 0);
+            fs::remove_file(&shard).unwrap();
+            assert!(ssd.put(&c).await.unwrap().fresh);
+        });
+    }
+
+    #[test]
     fn ssd_evicts_lru_files_and_cleans_tmp_on_open() {
         run(async {
             let dir = tempfile::tempdir().unwrap();
