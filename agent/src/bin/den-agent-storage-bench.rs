@@ -1,8 +1,8 @@
 //! Storage tier and host page memory benchmark.
 //!
 //! Writes a set of synthetic chunks (default 64 × 8 MiB: 256 tokens of 32 KiB rows, a
-//! Llama-3.2-1B chunk) to the `ssd` tier and to a `file://` object tier (and to S3 when
-//! `DEN_TEST_S3_ENDPOINT` is set), then reads the whole set back through each tier's
+//! Llama-3.2-1B chunk) to the `ssd` tier, the `ram` tier and a `file://` object tier (and
+//! to S3 when `DEN_TEST_S3_ENDPOINT` is set), then reads the whole set back through each tier's
 //! verified `get` and compares the throughput with `cat FILES > /dev/null` over the very
 //! same files. Every read is labelled *page-cache warm*: the files were just written and
 //! read once before timing, and `cat` runs under the same conditions, so the ratio shows
@@ -23,8 +23,8 @@ use memmap2::Mmap;
 use den_agent::engine::SyntheticKv;
 use den_agent::memory::{ArenaGeometry, HostMemory, PageMemory, RowRun};
 use den_agent::tiers::{
-    Chunk, ChunkKey, ChunkMeta, ChunkStore, ContentHash, ObjectConfig, ObjectTier, S3Settings,
-    Secret, SsdTier,
+    Chunk, ChunkKey, ChunkMeta, ChunkStore, ContentHash, ObjectConfig, ObjectTier, RamTier,
+    S3Settings, Secret, SsdTier,
 };
 use den_protocol::chunk::plan_chunks;
 use den_protocol::ids::ModelFingerprint;
@@ -112,6 +112,13 @@ async fn run(args: &Args) -> Result<(), String> {
         "  SHA-256 alone, one core        {:>8.2} GB/s\n",
         gbps(total, sha)
     );
+
+    // ram tier (no files: cat runs over the ssd files of the same chunks).
+    let ram = RamTier::new(u64::MAX);
+    let put = time_puts(&ram, &set).await?;
+    let label = "ram (verified get; cat = the ssd files of the same chunks)";
+    report_tier(label, Arc::new(ram), &set, &ssd_files, put, args.iters).await?;
+    println!();
 
     // object tier, file://.
     let obj_dir = scratch.0.join("objects");
