@@ -6,6 +6,9 @@
 
 pub mod auth;
 pub mod config;
+pub mod engine;
 pub mod logging;
+pub mod memory;
 pub mod metrics;
 pub mod serving;
+pub mod tiers;
