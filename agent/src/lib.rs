@@ -3,3 +3,12 @@
 //! The binary (`src/main.rs`) is a thin command-line shell over these modules; the
 //! decisions themselves live in `den-protocol`, and this crate interprets their effects
 //! with real sockets, timers, memory and storage.
+
+pub mod auth;
+pub mod config;
+pub mod engine;
+pub mod logging;
+pub mod memory;
+pub mod metrics;
+pub mod serving;
+pub mod tiers;

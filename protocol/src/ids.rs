@@ -44,6 +44,10 @@ macro_rules! string_id {
     };
 }
 
+// Re-exported so other pure modules (e.g. the Skulk API types) declare their ids the same
+// way instead of duplicating the macro.
+pub(crate) use string_id;
+
 string_id!(
     /// A machine (host) in the cluster: the storage node name that replica facts refer to,
     /// and the node id the management API reports.

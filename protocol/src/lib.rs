@@ -8,11 +8,20 @@
 //! - [`ids`], [`time`], [`request`]: identities, logical time, validated requests;
 //! - [`candidate`]: candidates, estimates (predicted TTFT) and ranking;
 //! - [`chunk`]: chained prefix hashes at a fixed chunk size;
+//! - [`candidates`]: candidate generation from observations and the chunk catalog;
+//! - [`discovery`]: the discovery registry and connection-bound routes;
+//! - [`pool`]: page-pool accounting (routes, forks, copy-on-write, reservations, eviction);
 //! - [`observation`]: heartbeat payloads; [`calibration`]: EWMA cost calibration;
+//! - [`capacity`]: the seam between the worker machine and page accounting;
 //! - [`wire`]: control-channel frames and their codec;
 //! - [`router`], [`worker`]: the router and worker state machines; [`decision`]: the
 //!   router's decision records;
-//! - [`sim`]: the deterministic simulator that drives both machines.
+//! - [`sim`]: the deterministic simulator that drives both machines;
+//! - [`skulk`]: the Skulk-compatible management API types (both dialects);
+//! - [`evidence`]: the evidence reducer and readiness verdicts;
+//! - [`placement`]: the exact-placement workflow (fence, submit, reconcile, probe);
+//! - [`feed`]: the console feed a den router streams to consoles;
+//! - [`fleet`]: the fleet simulator that compares routing policies on production traces.
 
 pub mod calibration;
 pub mod candidate;
@@ -21,11 +30,17 @@ pub mod capacity;
 pub mod chunk;
 pub mod decision;
 pub mod discovery;
+pub mod evidence;
+pub mod feed;
+pub mod fleet;
 pub mod ids;
 pub mod observation;
+pub mod placement;
+pub mod pool;
 pub mod request;
 pub mod router;
 pub mod sim;
+pub mod skulk;
 pub mod time;
 pub mod wire;
 pub mod worker;

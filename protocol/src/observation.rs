@@ -36,6 +36,15 @@ pub struct PoolStats {
     pub page_bytes: u64,
 }
 
+/// Bytes and chunks held in one storage tier of a worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct TierUsage {
+    pub bytes: u64,
+    pub chunks: u64,
+    /// 0 when the tier has no configured limit.
+    pub capacity_bytes: u64,
+}
+
 /// One heartbeat's worth of worker state.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(try_from = "RawObservation")]
@@ -64,6 +73,12 @@ pub struct Observation {
     /// A draining worker takes no new offers but finishes what it has.
     pub draining: bool,
     pub pool: PoolStats,
+    /// Usage of the worker's RAM, SSD and object tiers (operators' view).
+    pub tiers: BTreeMap<Tier, TierUsage>,
+    /// Cumulative evictions by reason since the process started.
+    pub evictions: BTreeMap<String, u64>,
+    /// The memory backend, e.g. `host` or `cuda: NVIDIA H200`.
+    pub backend: String,
 }
 
 impl Observation {
@@ -99,6 +114,9 @@ impl Observation {
             queue_depth: 0,
             draining: false,
             pool: PoolStats::default(),
+            tiers: BTreeMap::new(),
+            evictions: BTreeMap::new(),
+            backend: String::new(),
         }
     }
 }
@@ -150,6 +168,12 @@ struct RawObservation {
     draining: bool,
     #[serde(default)]
     pool: PoolStats,
+    #[serde(default)]
+    tiers: BTreeMap<Tier, TierUsage>,
+    #[serde(default)]
+    evictions: BTreeMap<String, u64>,
+    #[serde(default)]
+    backend: String,
 }
 
 fn yes() -> bool {
@@ -214,6 +238,9 @@ impl TryFrom<RawObservation> for Observation {
             queue_depth: r.queue_depth,
             draining: r.draining,
             pool: r.pool,
+            tiers: r.tiers,
+            evictions: r.evictions,
+            backend: r.backend,
         })
     }
 }

@@ -1,0 +1,110 @@
+//! Configuration layering: command-line flags, then environment variables, then a TOML
+//! file, then built-in defaults.
+//!
+//! clap resolves flags and environment variables (each option names its variable); every
+//! option is optional there, and whatever is still unset is taken from the file. The file
+//! is `--config PATH`, else `$DEN_CONFIG`, else `$XDG_CONFIG_HOME/den/agent.toml` (or
+//! `~/.config/den/agent.toml`) when it exists. Unknown keys in the file are an error
+//! that names the key, so a typo never silently falls back to a default.
+
+use std::path::{Path, PathBuf};
+
+use serde::de::DeserializeOwned;
+
+/// A configuration file that could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+}
+
+/// The config file to read: explicit path, `$DEN_CONFIG`, or the XDG default if present.
+pub fn config_path(explicit: Option<&Path>) -> Option<PathBuf> {
+    if let Some(p) = explicit {
+        return Some(p.to_path_buf());
+    }
+    if let Some(p) = std::env::var_os("DEN_CONFIG") {
+        return Some(PathBuf::from(p));
+    }
+    let default = dirs::config_dir()?.join("den").join("agent.toml");
+    default.exists().then_some(default)
+}
+
+/// Read and parse a TOML config section type. A missing explicit file is an error; no
+/// file at all gives `T::default()`.
+pub fn load<T: DeserializeOwned + Default>(explicit: Option<&Path>) -> Result<T, ConfigError> {
+    let Some(path) = config_path(explicit) else {
+        return Ok(T::default());
+    };
+    let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {
+        path: path.clone(),
+        source,
+    })?;
+    parse(&path, &text)
+}
+
+/// Parse TOML text, turning serde's multi-line error into one line naming the key.
+pub fn parse<T: DeserializeOwned>(path: &Path, text: &str) -> Result<T, ConfigError> {
+    toml::from_str(text).map_err(|e| ConfigError::Parse {
+        path: path.to_path_buf(),
+        message: e.message().replace('\n', " "),
+    })
+}
+
+/// Parse a human duration such as `250ms`, `3s`, `2m`, `1h` (a bare number is seconds).
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let s = s.trim();
+    let (num, unit) = match s.find(|c: char| !(c.is_ascii_digit() || c == '.')) {
+        Some(i) => s.split_at(i),
+        None => (s, "s"),
+    };
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("invalid duration {s:?}: expected e.g. 500ms, 10s, 2m"))?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "s" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return Err(format!("invalid duration unit in {s:?}: use ms, s, m or h")),
+    };
+    if !secs.is_finite() || secs < 0.0 {
+        return Err(format!("invalid duration {s:?}"));
+    }
+    Ok(std::time::Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, Default, serde::Deserialize, PartialEq)]
+    #[serde(deny_unknown_fields)]
+    struct Sample {
+        listen: Option<String>,
+    }
+
+    #[test]
+    fn unknown_keys_are_named_in_one_line() {
+        let err = parse::<Sample>(Path::new("a.toml"), "lisen = \"x\"")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("lisen"), "{err}");
+        assert!(!err.contains('\n'));
+        let ok: Sample = parse(Path::new("a.toml"), "listen = \"x\"").unwrap();
+        assert_eq!(ok.listen.as_deref(), Some("x"));
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("250ms").unwrap().as_millis(), 250);
+        assert_eq!(parse_duration("3").unwrap().as_secs(), 3);
+        assert_eq!(parse_duration("2m").unwrap().as_secs(), 120);
+        assert!(parse_duration("2 parsecs").is_err());
+    }
+}

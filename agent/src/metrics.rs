@@ -1,0 +1,259 @@
+//! A small Prometheus text-format registry.
+//!
+//! Counters, gauges and histograms keyed by name and label set, rendered in the
+//! Prometheus exposition format (version 0.0.4) for `GET /metrics`. Families and label
+//! sets render in sorted order so the output is stable.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::{Mutex, MutexGuard};
+
+/// Latency buckets in milliseconds, for TTFT and inter-token latency.
+pub const LATENCY_MS_BUCKETS: &[f64] = &[
+    1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0,
+];
+
+type Labels = Vec<(String, String)>;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+#[derive(Debug)]
+struct Family {
+    kind: Kind,
+    help: &'static str,
+    buckets: &'static [f64],
+    series: BTreeMap<Labels, Series>,
+}
+
+#[derive(Debug, Default)]
+struct Series {
+    value: f64,
+    counts: Vec<u64>,
+    sum: f64,
+    count: u64,
+}
+
+/// The registry. Share it behind an `Arc`.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    families: Mutex<BTreeMap<&'static str, Family>>,
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn counter_add(
+        &self,
+        name: &'static str,
+        help: &'static str,
+        labels: &[(&str, &str)],
+        v: f64,
+    ) {
+        self.with_series(name, help, Kind::Counter, &[], labels, |s| {
+            s.value += v.max(0.0)
+        });
+    }
+
+    pub fn gauge_set(
+        &self,
+        name: &'static str,
+        help: &'static str,
+        labels: &[(&str, &str)],
+        v: f64,
+    ) {
+        self.with_series(name, help, Kind::Gauge, &[], labels, |s| s.value = v);
+    }
+
+    pub fn histogram_observe(
+        &self,
+        name: &'static str,
+        help: &'static str,
+        buckets: &'static [f64],
+        labels: &[(&str, &str)],
+        v: f64,
+    ) {
+        if !v.is_finite() {
+            return;
+        }
+        self.with_series(name, help, Kind::Histogram, buckets, labels, |s| {
+            if s.counts.len() != buckets.len() {
+                s.counts = vec![0; buckets.len()];
+            }
+            for (i, b) in buckets.iter().enumerate() {
+                if v <= *b {
+                    s.counts[i] += 1;
+                }
+            }
+            s.sum += v;
+            s.count += 1;
+        });
+    }
+
+    /// The current value of a counter or gauge (0 when absent), for tests and summaries.
+    pub fn value(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        let families = self.lock();
+        families
+            .get(name)
+            .and_then(|f| f.series.get(&owned(labels)))
+            .map(|s| if s.count > 0 { s.sum } else { s.value })
+            .unwrap_or(0.0)
+    }
+
+    /// The exposition text.
+    pub fn render(&self) -> String {
+        let families = self.lock();
+        let mut out = String::new();
+        for (name, f) in families.iter() {
+            let kind = match f.kind {
+                Kind::Counter => "counter",
+                Kind::Gauge => "gauge",
+                Kind::Histogram => "histogram",
+            };
+            let _ = writeln!(out, "# HELP {name} {}", f.help);
+            let _ = writeln!(out, "# TYPE {name} {kind}");
+            for (labels, s) in &f.series {
+                match f.kind {
+                    Kind::Counter | Kind::Gauge => {
+                        let _ = writeln!(
+                            out,
+                            "{name}{} {}",
+                            fmt_labels(labels, None),
+                            fmt_value(s.value)
+                        );
+                    }
+                    Kind::Histogram => {
+                        for (b, c) in f.buckets.iter().zip(&s.counts) {
+                            let le = fmt_value(*b);
+                            let _ =
+                                writeln!(out, "{name}_bucket{} {c}", fmt_labels(labels, Some(&le)));
+                        }
+                        let _ = writeln!(
+                            out,
+                            "{name}_bucket{} {}",
+                            fmt_labels(labels, Some("+Inf")),
+                            s.count
+                        );
+                        let _ = writeln!(
+                            out,
+                            "{name}_sum{} {}",
+                            fmt_labels(labels, None),
+                            fmt_value(s.sum)
+                        );
+                        let _ =
+                            writeln!(out, "{name}_count{} {}", fmt_labels(labels, None), s.count);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn with_series(
+        &self,
+        name: &'static str,
+        help: &'static str,
+        kind: Kind,
+        buckets: &'static [f64],
+        labels: &[(&str, &str)],
+        f: impl FnOnce(&mut Series),
+    ) {
+        let mut families = self.lock();
+        let family = families.entry(name).or_insert_with(|| Family {
+            kind,
+            help,
+            buckets,
+            series: BTreeMap::new(),
+        });
+        // A name registered with another kind is a programming error; ignore the sample
+        // rather than emit an inconsistent family.
+        if family.kind != kind {
+            return;
+        }
+        f(family.series.entry(owned(labels)).or_default());
+    }
+
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<&'static str, Family>> {
+        // A panic while holding the lock cannot leave a family half-updated in a way
+        // that matters for monitoring, so recover from poisoning.
+        self.families.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+fn owned(labels: &[(&str, &str)]) -> Labels {
+    let mut v: Labels = labels
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    v.sort();
+    v
+}
+
+fn fmt_labels(labels: &Labels, le: Option<&str>) -> String {
+    let mut parts: Vec<String> = labels
+        .iter()
+        .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
+        .collect();
+    if let Some(le) = le {
+        parts.push(format!("le=\"{le}\""));
+    }
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!("{{{}}}", parts.join(","))
+    }
+}
+
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+fn fmt_value(v: f64) -> String {
+    if v.fract() == 0.0 && v.abs() < 1e15 {
+        format!("{}", v as i64)
+    } else {
+        format!("{v}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_counters_gauges_and_histograms() {
+        let m = Metrics::new();
+        m.counter_add(
+            "den_requests_total",
+            "Requests.",
+            &[("outcome", "completed")],
+            2.0,
+        );
+        m.gauge_set("den_pages", "Pages by state.", &[("state", "free")], 7.0);
+        m.histogram_observe("den_ttft_ms", "TTFT.", &[1.0, 10.0], &[], 5.0);
+        let text = m.render();
+        assert!(text.contains("# TYPE den_requests_total counter"));
+        assert!(text.contains("den_requests_total{outcome=\"completed\"} 2"));
+        assert!(text.contains("den_pages{state=\"free\"} 7"));
+        assert!(text.contains("den_ttft_ms_bucket{le=\"1\"} 0"));
+        assert!(text.contains("den_ttft_ms_bucket{le=\"10\"} 1"));
+        assert!(text.contains("den_ttft_ms_bucket{le=\"+Inf\"} 1"));
+        assert!(text.contains("den_ttft_ms_count 1"));
+        assert_eq!(m.value("den_pages", &[("state", "free")]), 7.0);
+    }
+
+    #[test]
+    fn escapes_label_values() {
+        let m = Metrics::new();
+        m.counter_add("x", "h", &[("reason", "a\"b")], 1.0);
+        assert!(m.render().contains("x{reason=\"a\\\"b\"} 1"));
+    }
+}

@@ -1,0 +1,3 @@
+//! den-console: the operator console (binary `den`).
+
+pub mod http;

@@ -1,0 +1,569 @@
+//! The evidence reducer: from timestamped observations of management endpoints to
+//! per-node and per-instance evidence and a readiness verdict with typed reasons.
+//!
+//! It follows the integration guide: keep separate records for identity, membership,
+//! downloads, runners and inference, because each proves a different part of the
+//! workflow.
+//! - Identity: an endpoint is bound to the node id its `GET /node_id` answers; a
+//!   different answer later is a conflict (sticky until the endpoint is registered
+//!   again).
+//! - Membership is two-sided: every fresh endpoint lists the node in `topology.nodes`
+//!   and, where its dialect has `nodeResources`, holds a live observation of it.
+//! - Observation time is the runtime's (`now`), never Skulk's `lastSeen`. A failed or
+//!   timed-out poll expires what that endpoint said at once; so does age beyond
+//!   `stale_after_ms`.
+//! - Downloads: see [`download`] (attempt attribution, late transients, card matching).
+//! - Runners are bound through `shardAssignments.nodeToRunner`/`runnerToShard`.
+//! - Ready only when download, runners and a successful inference probe agree for the
+//!   same instance; the probe must have succeeded after they began to agree.
+//!   Contradictions give `Uncertain`, never `Ready`. Losing readiness is reported at
+//!   once and gets a bounded recovery interval; initial readiness has a deadline.
+//!
+//! Sans-IO: [`EvidenceReducer::handle`] takes `(now, input)` and returns notices;
+//! [`EvidenceReducer::report`] reads the picture at any time.
+
+mod assess;
+pub mod download;
+mod endpoint;
+pub mod reason;
+pub mod report;
+pub mod verdict;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{NodeId, string_id};
+use crate::skulk::{InstanceId, State};
+use crate::time::Millis;
+
+pub use download::{ArtifactKey, Attribution, DownloadEvidence, DownloadState};
+pub use endpoint::{Binding, Freshness};
+pub use reason::Reason;
+pub use report::{
+    AssignmentReport, EndpointReport, EvidenceReport, InstanceReport, Membership, NodeReport,
+    Presence, ProbeRecord, RunnerEvidence,
+};
+pub use verdict::{Verdict, VerdictKind};
+
+use assess::{Context, dedup};
+use download::{DownloadTrack, Sample};
+use endpoint::EndpointTrack;
+use verdict::{Phase, Transition, advance};
+
+string_id!(
+    /// The operator's name for a management endpoint, e.g. `management` or `gpu-7`.
+    EndpointLabel
+);
+
+/// How records without attempt ids count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AttemptPolicy {
+    /// A completed record without attempt id counts (flagged incomplete in the report)
+    /// only when its `/state` carried no attempt ids at all, i.e. a Skulk 1.3.0 server
+    /// that cannot attribute attempts. Where the dialect has attempt ids, an unattributed
+    /// record does not count.
+    LegacyDialectOnly,
+    /// Only attempt-attributed completions count.
+    Strict,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EvidenceConfig {
+    /// An endpoint's evidence expires this long after its last successful poll.
+    pub stale_after_ms: u64,
+    /// Default deadline for initial readiness, from when the instance is first tracked.
+    pub initial_deadline_ms: u64,
+    /// How long lost readiness may take to recover before the verdict is `Failed`.
+    pub recovery_deadline_ms: u64,
+    pub attempt_policy: AttemptPolicy,
+    /// Track every instance seen in any state (a console), or only expected ones.
+    pub track_all_instances: bool,
+}
+
+impl Default for EvidenceConfig {
+    fn default() -> Self {
+        EvidenceConfig {
+            stale_after_ms: 10_000,
+            initial_deadline_ms: 15 * 60_000,
+            recovery_deadline_ms: 2 * 60_000,
+            attempt_policy: AttemptPolicy::LegacyDialectOnly,
+            track_all_instances: true,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Input {
+    /// Registers an endpoint (again), optionally with the node id it must answer
+    /// (the compute node bound to an external resource). Resets its binding.
+    Endpoint {
+        endpoint: EndpointLabel,
+        expected_node: Option<NodeId>,
+    },
+    /// One poll of an endpoint.
+    Poll(PollObservation),
+    /// The outcome of an ordinary inference request sent through the management API.
+    Probe {
+        instance: InstanceId,
+        outcome: ProbeOutcome,
+    },
+    /// Track an instance (e.g. one just submitted) with its deadlines.
+    Expect(Expectation),
+    /// Stop tracking an instance.
+    Forget { instance: InstanceId },
+    /// Time passed; deadlines are re-evaluated.
+    Tick,
+}
+
+/// One poll cycle of an endpoint: the `GET /node_id` answer if it was asked, and the
+/// outcome of `GET /state` (bounded by the runtime's request deadline).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PollObservation {
+    pub endpoint: EndpointLabel,
+    pub node_id: Option<NodeId>,
+    pub result: PollResult,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum PollResult {
+    State(Box<State>),
+    Failed(PollFailure),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PollFailure {
+    pub kind: PollFailureKind,
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PollFailureKind {
+    Timeout,
+    Transport,
+    Http(u16),
+    Decode,
+}
+
+impl fmt::Display for PollFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let detail = crate::skulk::common::one_line(&self.detail);
+        match self.kind {
+            PollFailureKind::Timeout => write!(f, "timed out: {detail}"),
+            PollFailureKind::Transport => write!(f, "transport error: {detail}"),
+            PollFailureKind::Http(status) => write!(f, "HTTP {status}: {detail}"),
+            PollFailureKind::Decode => write!(f, "unreadable response: {detail}"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ProbeOutcome {
+    /// The request completed. `served_by` names the instance when the server says.
+    Succeeded {
+        served_by: Option<InstanceId>,
+    },
+    Failed {
+        detail: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Expectation {
+    pub instance: InstanceId,
+    /// Initial readiness deadline; defaults to first tracking + `initial_deadline_ms`.
+    pub deadline: Option<Millis>,
+    /// The external resource's expiry: an upper bound for every deadline.
+    pub hard_expiry: Option<Millis>,
+}
+
+/// Something that happened, reported at once.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Notice {
+    VerdictChanged {
+        instance: InstanceId,
+        verdict: Verdict,
+    },
+    /// Previously ready capacity lost readiness.
+    ReadinessLost {
+        instance: InstanceId,
+        reasons: Vec<Reason>,
+        recover_by: Millis,
+    },
+    ReadinessRecovered {
+        instance: InstanceId,
+    },
+    InitialDeadlineExceeded {
+        instance: InstanceId,
+        deadline: Millis,
+    },
+    RecoveryDeadlineExceeded {
+        instance: InstanceId,
+        deadline: Millis,
+    },
+    IdentityConflict {
+        endpoint: EndpointLabel,
+        expected: NodeId,
+        observed: NodeId,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct InstanceTrack {
+    first_seen: Millis,
+    hard_expiry: Option<Millis>,
+    last_present: Option<Millis>,
+    /// Since when download, runners and membership agree (the probe aside).
+    agreement_since: Option<Millis>,
+    probe: Option<ProbeRecord>,
+    phase: Phase,
+    verdict: Verdict,
+}
+
+impl InstanceTrack {
+    fn new(now: Millis, deadline: Millis, hard_expiry: Option<Millis>) -> InstanceTrack {
+        let deadline = hard_expiry.map_or(deadline, |h| deadline.min(h));
+        InstanceTrack {
+            first_seen: now,
+            hard_expiry,
+            last_present: None,
+            agreement_since: None,
+            probe: None,
+            phase: Phase::Initial {
+                deadline,
+                deadline_reported: false,
+            },
+            verdict: Verdict::NotReady {
+                reasons: Vec::new(),
+                deadline,
+            },
+        }
+    }
+}
+
+/// The reducer. Deterministic: ordered maps only.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EvidenceReducer {
+    config: EvidenceConfig,
+    endpoints: BTreeMap<EndpointLabel, EndpointTrack>,
+    downloads: BTreeMap<(NodeId, ArtifactKey), DownloadTrack>,
+    instances: BTreeMap<InstanceId, InstanceTrack>,
+}
+
+impl EvidenceReducer {
+    pub fn new(config: EvidenceConfig) -> EvidenceReducer {
+        EvidenceReducer {
+            config,
+            endpoints: BTreeMap::new(),
+            downloads: BTreeMap::new(),
+            instances: BTreeMap::new(),
+        }
+    }
+
+    pub fn config(&self) -> &EvidenceConfig {
+        &self.config
+    }
+
+    pub fn handle(&mut self, now: Millis, input: Input) -> Vec<Notice> {
+        let mut notices = Vec::new();
+        match input {
+            Input::Endpoint {
+                endpoint,
+                expected_node,
+            } => {
+                self.endpoints
+                    .insert(endpoint, EndpointTrack::new(expected_node));
+            }
+            Input::Poll(observation) => self.poll(now, observation, &mut notices),
+            Input::Probe { instance, outcome } => {
+                if let Some(track) = self.instances.get_mut(&instance) {
+                    track.probe = Some(ProbeRecord { at: now, outcome });
+                }
+            }
+            Input::Expect(expectation) => {
+                let deadline = expectation
+                    .deadline
+                    .unwrap_or_else(|| now.saturating_add(self.config.initial_deadline_ms));
+                let track = self
+                    .instances
+                    .entry(expectation.instance)
+                    .or_insert_with(|| InstanceTrack::new(now, deadline, expectation.hard_expiry));
+                track.hard_expiry = expectation.hard_expiry.or(track.hard_expiry);
+                if let Phase::Initial { deadline: d, .. } = &mut track.phase {
+                    *d = track.hard_expiry.map_or(deadline, |h| deadline.min(h));
+                }
+            }
+            Input::Forget { instance } => {
+                self.instances.remove(&instance);
+            }
+            Input::Tick => {}
+        }
+        self.reevaluate(now, &mut notices);
+        notices
+    }
+
+    fn poll(&mut self, now: Millis, observation: PollObservation, notices: &mut Vec<Notice>) {
+        let PollObservation {
+            endpoint,
+            node_id,
+            result,
+        } = observation;
+        let track = self.endpoints.entry(endpoint.clone()).or_default();
+        if let Some(node) = node_id
+            && let Some((expected, observed)) = track.bind(node)
+        {
+            notices.push(Notice::IdentityConflict {
+                endpoint: endpoint.clone(),
+                expected,
+                observed,
+            });
+        }
+        let state = match result {
+            PollResult::Failed(failure) => {
+                let since = track.failing.as_ref().map_or(now, |(since, _)| *since);
+                track.failing = Some((since, failure));
+                return;
+            }
+            PollResult::State(state) => state,
+        };
+        track.failing = None;
+        track.last_ok = Some(now);
+        self.ingest_downloads(now, &endpoint, &state);
+        for id in state.instances.keys() {
+            if self.config.track_all_instances && !self.instances.contains_key(id) {
+                let deadline = now.saturating_add(self.config.initial_deadline_ms);
+                self.instances
+                    .insert(id.clone(), InstanceTrack::new(now, deadline, None));
+            }
+        }
+        if let Some(track) = self.endpoints.get_mut(&endpoint) {
+            track.state = Some(state);
+        }
+    }
+
+    fn ingest_downloads(&mut self, now: Millis, endpoint: &EndpointLabel, state: &State) {
+        let dialect_has_attempts = state.dialect().attempt_ids;
+        let mut legacy_seen: BTreeSet<(NodeId, ArtifactKey)> = BTreeSet::new();
+        for (node, records) in &state.downloads {
+            for record in records {
+                // A record whose artifact cannot be read cannot be attributed to anything.
+                let Some(card) = record.model_card() else {
+                    continue;
+                };
+                let key = (node.clone(), ArtifactKey::of(&card));
+                let sample = Sample::from_record(record, card, now);
+                let track = self.downloads.entry(key.clone()).or_default();
+                match record.attempt_id_owned() {
+                    Some(attempt) => track.observe_attempt(attempt, sample),
+                    None => {
+                        track.observe_legacy(endpoint, sample, dialect_has_attempts);
+                        legacy_seen.insert(key);
+                    }
+                }
+            }
+        }
+        for (key, track) in self.downloads.iter_mut() {
+            if !legacy_seen.contains(key) {
+                track.forget_legacy(endpoint);
+            }
+        }
+        self.downloads.retain(|_, t| !t.is_empty());
+    }
+
+    fn context(&self, now: Millis) -> Context<'_> {
+        Context {
+            config: &self.config,
+            endpoints: &self.endpoints,
+            downloads: &self.downloads,
+            now,
+        }
+    }
+
+    fn reevaluate(&mut self, now: Millis, notices: &mut Vec<Notice>) {
+        let ids: Vec<InstanceId> = self.instances.keys().cloned().collect();
+        for id in ids {
+            let Some(track) = self.instances.get(&id) else {
+                continue;
+            };
+            let assessment = self
+                .context(now)
+                .assess(&id, track.first_seen, track.last_present);
+            let present = matches!(
+                assessment.presence,
+                Presence::Observed { .. } | Presence::Disputed { .. }
+            );
+            let agreed = assessment.reasons.is_empty();
+            let Some(track) = self.instances.get_mut(&id) else {
+                continue;
+            };
+            if present {
+                track.last_present = Some(now);
+            }
+            track.agreement_since = if agreed {
+                Some(track.agreement_since.unwrap_or(now))
+            } else {
+                None
+            };
+            let mut reasons = assessment.reasons;
+            if let Some(since) = track.agreement_since {
+                reasons.extend(probe_reasons(&id, since, track.probe.as_ref()));
+            }
+            dedup(&mut reasons);
+            let (verdict, transition) = advance(
+                &mut track.phase,
+                now,
+                reasons,
+                self.config.recovery_deadline_ms,
+                track.hard_expiry,
+            );
+            match transition {
+                Transition::None | Transition::BecameReady => {}
+                Transition::Lost { recover_by } => notices.push(Notice::ReadinessLost {
+                    instance: id.clone(),
+                    reasons: verdict.reasons().to_vec(),
+                    recover_by,
+                }),
+                Transition::Recovered => notices.push(Notice::ReadinessRecovered {
+                    instance: id.clone(),
+                }),
+                Transition::InitialDeadlinePassed { deadline } => {
+                    notices.push(Notice::InitialDeadlineExceeded {
+                        instance: id.clone(),
+                        deadline,
+                    })
+                }
+                Transition::RecoveryDeadlinePassed { deadline } => {
+                    notices.push(Notice::RecoveryDeadlineExceeded {
+                        instance: id.clone(),
+                        deadline,
+                    })
+                }
+            }
+            if verdict != track.verdict {
+                track.verdict = verdict.clone();
+                notices.push(Notice::VerdictChanged {
+                    instance: id.clone(),
+                    verdict,
+                });
+            }
+        }
+    }
+
+    /// The verdict as of the last input.
+    pub fn verdict(&self, instance: &InstanceId) -> Option<&Verdict> {
+        self.instances.get(instance).map(|t| &t.verdict)
+    }
+
+    /// The latest state an endpoint returned (fresh or not).
+    pub fn latest_state(&self, endpoint: &EndpointLabel) -> Option<&State> {
+        self.endpoints
+            .get(endpoint)
+            .and_then(|t| t.state.as_deref())
+    }
+
+    /// The report of one tracked instance.
+    pub fn instance(&self, id: &InstanceId, now: Millis) -> Option<InstanceReport> {
+        let track = self.instances.get(id)?;
+        let assessment = self
+            .context(now)
+            .assess(id, track.first_seen, track.last_present);
+        let awaiting_probe = assessment.reasons.is_empty() && !track.verdict.is_ready();
+        Some(InstanceReport {
+            instance_id: id.clone(),
+            model_id: assessment
+                .core
+                .as_ref()
+                .map(|c| c.shard_assignments.model_id.clone()),
+            first_seen: track.first_seen,
+            presence: assessment.presence,
+            context_token_limit: assessment.core.as_ref().and_then(|c| c.context_token_limit),
+            assignments: assessment.assignments,
+            probe: track.probe.clone(),
+            failures: assessment.failures,
+            awaiting_probe,
+            verdict: track.verdict.clone(),
+        })
+    }
+
+    /// The whole picture.
+    pub fn report(&self, now: Millis) -> EvidenceReport {
+        let ctx = self.context(now);
+        let endpoints = self
+            .endpoints
+            .iter()
+            .map(|(label, track)| {
+                let report = EndpointReport {
+                    binding: track.binding(),
+                    freshness: track.freshness(now, self.config.stale_after_ms),
+                    last_ok: track.last_ok,
+                    dialect: track.state.as_ref().map(|s| s.dialect()),
+                };
+                (label.clone(), report)
+            })
+            .collect();
+        let mut node_ids: BTreeSet<NodeId> = self
+            .endpoints
+            .values()
+            .filter_map(|t| t.bound.clone())
+            .collect();
+        for state in ctx.fresh().values() {
+            node_ids.extend(state.topology.nodes.iter().cloned());
+        }
+        node_ids.extend(self.downloads.keys().map(|(n, _)| n.clone()));
+        let fresh_labels: BTreeSet<EndpointLabel> = ctx.fresh().into_keys().cloned().collect();
+        let nodes = node_ids
+            .into_iter()
+            .map(|node| {
+                let downloads = self
+                    .downloads
+                    .iter()
+                    .filter(|((n, _), _)| *n == node)
+                    .filter_map(|((n, key), track)| track.summary(n, key, &fresh_labels))
+                    .collect();
+                let report = NodeReport {
+                    endpoint: ctx.endpoint_of(&node).cloned(),
+                    membership: ctx.membership(&node),
+                    downloads,
+                };
+                (node, report)
+            })
+            .collect();
+        let instances = self
+            .instances
+            .keys()
+            .filter_map(|id| self.instance(id, now).map(|r| (id.clone(), r)))
+            .collect();
+        EvidenceReport {
+            at: now,
+            endpoints,
+            nodes,
+            instances,
+        }
+    }
+}
+
+/// What the inference probe adds once download, runners and membership agree.
+fn probe_reasons(
+    instance: &InstanceId,
+    agreement_since: Millis,
+    probe: Option<&ProbeRecord>,
+) -> Vec<Reason> {
+    match probe {
+        // A probe from before the current agreement proves nothing about it.
+        Some(record) if record.at >= agreement_since => match &record.outcome {
+            ProbeOutcome::Succeeded {
+                served_by: Some(other),
+            } if other != instance => {
+                vec![Reason::ProbeServedByOther {
+                    other: other.clone(),
+                }]
+            }
+            ProbeOutcome::Succeeded { .. } => Vec::new(),
+            ProbeOutcome::Failed { detail } => vec![Reason::ProbeFailed {
+                detail: detail.clone(),
+            }],
+        },
+        _ => vec![Reason::ProbeMissing],
+    }
+}

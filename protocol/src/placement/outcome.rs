@@ -1,0 +1,402 @@
+//! How a placement ends, and why. Every reason renders as one line.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use super::select::PreviewRejection;
+use crate::evidence::Reason;
+use crate::evidence::reason::summarise;
+use crate::ids::NodeId;
+use crate::skulk::common::one_line;
+use crate::skulk::{CommandId, InstanceId, RunnerId};
+use crate::time::Millis;
+
+/// The end of a placement workflow. Kept, never silently retried.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Outcome {
+    /// Download, runners and one ordinary inference request agree for this instance.
+    Placed {
+        instance_id: InstanceId,
+        command_id: Option<CommandId>,
+    },
+    Failed {
+        instance_id: Option<InstanceId>,
+        reason: FailureReason,
+    },
+    /// Neither success nor a terminal failure could be established. The submission fence
+    /// is kept: a later reconciliation (or an operator) decides; nothing re-posts.
+    Uncertain {
+        instance_id: Option<InstanceId>,
+        reason: UncertainReason,
+    },
+}
+
+impl Outcome {
+    pub fn is_placed(&self) -> bool {
+        matches!(self, Outcome::Placed { .. })
+    }
+}
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Outcome::Placed { instance_id, .. } => write!(f, "placed instance {instance_id}"),
+            Outcome::Failed { reason, .. } => write!(f, "placement failed: {reason}"),
+            Outcome::Uncertain { reason, .. } => write!(f, "placement uncertain: {reason}"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum FailureReason {
+    ManagementIdentityMismatch {
+        expected: NodeId,
+        observed: NodeId,
+    },
+    IdentityUnavailable {
+        detail: String,
+    },
+    RequirementsRefused {
+        detail: String,
+    },
+    /// The catalog's card is not the one that was approved.
+    CardChangedSinceApproval {
+        approved: String,
+        current: String,
+    },
+    /// The artifact has capabilities marked incomplete; they block admission.
+    IncompleteCapabilities {
+        capabilities: Vec<String>,
+    },
+    PreviewsUnavailable {
+        detail: String,
+    },
+    NoExactPreview {
+        rejections: Vec<PreviewRejection>,
+    },
+    StateUnavailable {
+        detail: String,
+    },
+    /// The wanted nodes are not in the management API's topology before submission.
+    TargetNotInTopology {
+        nodes: Vec<NodeId>,
+    },
+    FenceNotPersisted {
+        detail: String,
+    },
+    /// The server refused the submission (4xx): nothing was placed.
+    Refused {
+        status: u16,
+        detail: String,
+    },
+    /// The request never left (connection refused before sending).
+    NotSent {
+        detail: String,
+    },
+    /// den's command status reports the command rejected.
+    CommandRejected {
+        message: String,
+    },
+    InstanceFailed {
+        message: String,
+    },
+    RunnerFailed {
+        node: NodeId,
+        runner: RunnerId,
+        message: String,
+    },
+    DownloadFailed {
+        node: NodeId,
+        message: String,
+    },
+    /// The instance was observed and then disappeared.
+    InstanceRemoved {
+        detail: Option<String>,
+    },
+    /// The stamped context limit of the accepted instance is below the requested one.
+    ContextLimitTooSmall {
+        limit: u64,
+        requested: u64,
+    },
+    ReadinessTimedOut {
+        deadline: Millis,
+        reasons: Vec<Reason>,
+    },
+    ProbeFailed {
+        detail: String,
+    },
+}
+
+impl fmt::Display for FailureReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FailureReason::ManagementIdentityMismatch { expected, observed } => {
+                write!(
+                    f,
+                    "management API answers as node {observed}, expected {expected}"
+                )
+            }
+            FailureReason::IdentityUnavailable { detail } => {
+                write!(
+                    f,
+                    "management identity could not be read: {}",
+                    one_line(detail)
+                )
+            }
+            FailureReason::RequirementsRefused { detail } => {
+                write!(f, "model requirements refused: {}", one_line(detail))
+            }
+            FailureReason::CardChangedSinceApproval { approved, current } => {
+                write!(
+                    f,
+                    "model card changed since approval ({current} instead of {approved})"
+                )
+            }
+            FailureReason::IncompleteCapabilities { capabilities } => {
+                write!(
+                    f,
+                    "artifact capabilities marked incomplete: {}",
+                    capabilities.join(", ")
+                )
+            }
+            FailureReason::PreviewsUnavailable { detail } => {
+                write!(f, "no previews: {}", one_line(detail))
+            }
+            FailureReason::NoExactPreview { rejections } => {
+                let list = rejections
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                if list.is_empty() {
+                    f.write_str("no preview was returned")
+                } else {
+                    write!(f, "no preview places exactly the wanted nodes: {list}")
+                }
+            }
+            FailureReason::StateUnavailable { detail } => {
+                write!(
+                    f,
+                    "cluster state could not be read before submission: {}",
+                    one_line(detail)
+                )
+            }
+            FailureReason::TargetNotInTopology { nodes } => write!(
+                f,
+                "wanted nodes missing from the cluster topology: {}",
+                nodes
+                    .iter()
+                    .map(NodeId::as_str)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            FailureReason::FenceNotPersisted { detail } => {
+                write!(
+                    f,
+                    "submission fence could not be persisted (nothing sent): {}",
+                    one_line(detail)
+                )
+            }
+            FailureReason::Refused { status, detail } => {
+                write!(
+                    f,
+                    "submission refused with HTTP {status}: {}",
+                    one_line(detail)
+                )
+            }
+            FailureReason::NotSent { detail } => {
+                write!(f, "submission not sent: {}", one_line(detail))
+            }
+            FailureReason::CommandRejected { message } => {
+                write!(f, "command rejected: {}", one_line(message))
+            }
+            FailureReason::InstanceFailed { message } => {
+                write!(f, "instance failed: {}", one_line(message))
+            }
+            FailureReason::RunnerFailed {
+                node,
+                runner,
+                message,
+            } => {
+                write!(f, "runner {runner} on {node} failed: {}", one_line(message))
+            }
+            FailureReason::DownloadFailed { node, message } => {
+                write!(f, "download on {node} failed: {}", one_line(message))
+            }
+            FailureReason::InstanceRemoved { detail } => match detail {
+                Some(d) => write!(f, "instance disappeared after acceptance ({})", one_line(d)),
+                None => f.write_str("instance disappeared after acceptance"),
+            },
+            FailureReason::ContextLimitTooSmall { limit, requested } => {
+                write!(
+                    f,
+                    "accepted instance holds {limit} context tokens, {requested} requested"
+                )
+            }
+            FailureReason::ReadinessTimedOut { deadline, reasons } => {
+                write!(f, "not ready by {deadline}: {}", summarise(reasons))
+            }
+            FailureReason::ProbeFailed { detail } => {
+                write!(f, "inference probe failed: {}", one_line(detail))
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum UncertainReason {
+    /// Neither the instance nor a terminal failure was observed before the deadline.
+    NotObservedBeforeDeadline {
+        deadline: Millis,
+    },
+    ContradictoryEvidence {
+        reasons: Vec<Reason>,
+    },
+    /// At the deadline the instance had been seen but current evidence could not be read.
+    EvidenceUnavailable {
+        reasons: Vec<Reason>,
+    },
+    /// The acknowledgement names a different instance than the one submitted.
+    ResponseNamesOtherInstance {
+        submitted: InstanceId,
+        answered: InstanceId,
+    },
+    /// The instance in state runs on other nodes than the submitted one.
+    PlacementDiffers {
+        expected: Vec<NodeId>,
+        observed: Vec<NodeId>,
+    },
+    /// After a restart the management API is another node: reconciling there proves
+    /// nothing about the submission.
+    ManagementIdentityChanged {
+        expected: NodeId,
+        observed: NodeId,
+    },
+    /// The probe succeeded but other instances serve the same model and the answer does
+    /// not say which one served it.
+    ProbeNotAttributable {
+        others: Vec<InstanceId>,
+    },
+    ProbeTransport {
+        detail: String,
+    },
+    /// The probe succeeded but the evidence no longer agreed.
+    ProbeNotConfirmed {
+        verdict: String,
+    },
+}
+
+impl fmt::Display for UncertainReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            UncertainReason::NotObservedBeforeDeadline { deadline } => {
+                write!(
+                    f,
+                    "neither the instance nor a terminal failure was observed by {deadline}"
+                )
+            }
+            UncertainReason::ContradictoryEvidence { reasons } => {
+                write!(f, "observations disagree: {}", summarise(reasons))
+            }
+            UncertainReason::EvidenceUnavailable { reasons } => {
+                write!(
+                    f,
+                    "no current evidence at the deadline: {}",
+                    summarise(reasons)
+                )
+            }
+            UncertainReason::ResponseNamesOtherInstance {
+                submitted,
+                answered,
+            } => {
+                write!(
+                    f,
+                    "acknowledgement names instance {answered}, {submitted} was submitted"
+                )
+            }
+            UncertainReason::PlacementDiffers { expected, observed } => write!(
+                f,
+                "instance runs on {} instead of {}",
+                observed
+                    .iter()
+                    .map(NodeId::as_str)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                expected
+                    .iter()
+                    .map(NodeId::as_str)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            UncertainReason::ManagementIdentityChanged { expected, observed } => {
+                write!(
+                    f,
+                    "management API is now node {observed}, the submission went to {expected}"
+                )
+            }
+            UncertainReason::ProbeNotAttributable { others } => write!(
+                f,
+                "probe answered, but {} other instance(s) serve the same model",
+                others.len()
+            ),
+            UncertainReason::ProbeTransport { detail } => {
+                write!(f, "probe outcome unknown: {}", one_line(detail))
+            }
+            UncertainReason::ProbeNotConfirmed { verdict } => {
+                write!(
+                    f,
+                    "probe answered but readiness not confirmed: {}",
+                    one_line(verdict)
+                )
+            }
+        }
+    }
+}
+
+/// Something worth showing an operator that did not end the workflow.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Note {
+    /// `GET /models/requirements` is not served (Skulk 1.3.0): requirements unknown.
+    RequirementsUnavailable { detail: String },
+    /// The submission's response was lost or ambiguous; reconciling instead of re-posting.
+    SubmissionOutcomeUnknown { detail: String },
+    /// The acknowledgement could not be read; reconciling.
+    AcknowledgementUnreadable { detail: String },
+    /// A poll of `/state` during reconciliation failed.
+    PollFailed { detail: String },
+    /// Resumed from a persisted fence.
+    Resumed { instance_id: InstanceId },
+}
+
+impl fmt::Display for Note {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Note::RequirementsUnavailable { detail } => {
+                write!(
+                    f,
+                    "model requirements unavailable, continuing without: {}",
+                    one_line(detail)
+                )
+            }
+            Note::SubmissionOutcomeUnknown { detail } => {
+                write!(
+                    f,
+                    "submission outcome unknown ({}); reconciling, not re-posting",
+                    one_line(detail)
+                )
+            }
+            Note::AcknowledgementUnreadable { detail } => {
+                write!(
+                    f,
+                    "acknowledgement unreadable ({}); reconciling",
+                    one_line(detail)
+                )
+            }
+            Note::PollFailed { detail } => write!(f, "state poll failed: {}", one_line(detail)),
+            Note::Resumed { instance_id } => {
+                write!(f, "resumed reconciliation of {instance_id} from its fence")
+            }
+        }
+    }
+}
