@@ -429,3 +429,65 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn catalog_frames_round_trip_and_are_validated() {
+    use den_protocol::candidates::ChunkEntry;
+    use den_protocol::chunk::plan_chunks;
+    use den_protocol::wire::{Publish, PublishedChunk, Retract, RetractedChunk};
+    let d = plan_chunks(&[1, 2, 3, 4], 2).remove(1);
+    let entry = ChunkEntry {
+        model: MODEL.into(),
+        hash: d.hash,
+        parent: d.parent,
+        start: d.start,
+        token_count: d.token_count,
+        bytes: 64,
+        object: true,
+    };
+    let publish = ToRouter::Publish(Publish {
+        chunks: vec![PublishedChunk {
+            entry: entry.clone(),
+            tiers: vec![Tier::Ram, Tier::Ssd],
+        }],
+    });
+    assert_eq!(at_router(&encode(&publish).unwrap()).unwrap(), publish);
+    let retract = ToRouter::Retract(Retract {
+        chunks: vec![RetractedChunk {
+            model: MODEL.into(),
+            hash: d.hash,
+            tier: Tier::Ram,
+        }],
+    });
+    assert_eq!(at_router(&encode(&retract).unwrap()).unwrap(), retract);
+    // A GPU "replica" is not durable storage: refused with the field named.
+    let mut bad = value_of(&encode(&publish).unwrap());
+    bad["chunks"][0]["tiers"] = json!(["gpu"]);
+    let err = at_router(&frame(bad)).unwrap_err().to_string();
+    assert!(err.contains("chunks.tiers"), "{err}");
+    // Catalog frames are router-bound only.
+    assert!(at_worker(&encode(&publish).unwrap()).is_err());
+}
+
+#[test]
+fn drain_reaches_only_the_addressed_worker() {
+    use den_protocol::wire::{Control, ControlToWorker};
+    let drain = ControlToWorker {
+        to: me(),
+        control: Control::Drain { draining: true },
+    };
+    let got = at_worker(&encode(&drain).unwrap()).unwrap();
+    assert_eq!(
+        got,
+        WorkerInbound::Control(Control::Drain { draining: true })
+    );
+    let other = ControlToWorker {
+        to: "far".into(),
+        control: Control::Drain { draining: false },
+    };
+    assert!(matches!(
+        at_worker(&encode(&other).unwrap()).unwrap(),
+        WorkerInbound::Ignored { ty: "drain", .. }
+    ));
+    assert!(at_router(&encode(&drain).unwrap()).is_err());
+}

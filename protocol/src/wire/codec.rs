@@ -13,10 +13,11 @@ use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
 use super::{
-    Cancel, Heartbeat, Hello, Offer, OfferResult, PROTOCOL_VERSION, Refused, ResultMessage,
-    ResultStatus, RouterMessage, ToRouter, TokenDelta, Welcome, WireMessage, WorkerResult,
+    Cancel, Control, Heartbeat, Hello, Offer, OfferResult, PROTOCOL_VERSION, Publish,
+    PublishedChunk, Refused, ResultMessage, ResultStatus, Retract, RouterMessage, ToRouter,
+    TokenDelta, Welcome, WireMessage, WorkerResult,
 };
-use crate::candidate::Candidate;
+use crate::candidate::{Candidate, Tier};
 use crate::ids::{AssignmentId, WorkerId};
 use crate::request::GenerationRequest;
 
@@ -70,6 +71,8 @@ pub enum CodecError {
 pub enum WorkerInbound {
     /// An offer or cancel addressed to this worker.
     Router(RouterMessage),
+    /// An operator control addressed to this worker.
+    Control(Control),
     Welcome(Welcome),
     Refused(Refused),
     /// An offer or cancel addressed to another worker (a shared channel): not for us,
@@ -110,6 +113,15 @@ pub fn decode_for_worker(
             };
             Ok(WorkerInbound::Router(message))
         }
+        "drain" => {
+            let to: WorkerId = field(&mut obj, "to")?;
+            if &to != me {
+                return Ok(WorkerInbound::Ignored { to, ty: "drain" });
+            }
+            Ok(WorkerInbound::Control(Control::Drain {
+                draining: field(&mut obj, "draining")?,
+            }))
+        }
         "welcome" => {
             version(&mut obj)?;
             Ok(WorkerInbound::Welcome(Welcome {
@@ -122,7 +134,7 @@ pub fn decode_for_worker(
             reason: field(&mut obj, "reason")?,
             detail: field(&mut obj, "detail")?,
         })),
-        "hello" | "heartbeat" | "offer-result" | "token" | "result" => {
+        "hello" | "heartbeat" | "offer-result" | "token" | "result" | "publish" | "retract" => {
             Err(CodecError::UnexpectedType {
                 ty,
                 direction: Direction::AtWorker,
@@ -187,7 +199,28 @@ pub fn decode_for_router(bytes: &[u8], max_frame: usize) -> Result<ToRouter, Cod
             }
             Ok(ToRouter::Result(ResultMessage { assignment, result }))
         }
-        "offer" | "cancel" | "welcome" | "refused" => Err(CodecError::UnexpectedType {
+        "publish" => {
+            let chunks: Vec<PublishedChunk> = field(&mut obj, "chunks")?;
+            for c in &chunks {
+                if c.entry.token_count == 0 {
+                    return Err(invalid(
+                        "chunks.entry.token_count",
+                        "a chunk has at least one token",
+                    ));
+                }
+                if c.tiers.iter().any(|t| !matches!(t, Tier::Ram | Tier::Ssd)) {
+                    return Err(invalid(
+                        "chunks.tiers",
+                        "local replica tiers are ram or ssd",
+                    ));
+                }
+            }
+            Ok(ToRouter::Publish(Publish { chunks }))
+        }
+        "retract" => Ok(ToRouter::Retract(Retract {
+            chunks: field(&mut obj, "chunks")?,
+        })),
+        "offer" | "cancel" | "drain" | "welcome" | "refused" => Err(CodecError::UnexpectedType {
             ty,
             direction: Direction::AtRouter,
         }),

@@ -12,6 +12,9 @@
 //! | `token` | worker → router | assignment, token, index |
 //! | `result` | worker → router | assignment, terminal [`WorkerResult`] |
 //! | `heartbeat` | worker → router | [`Observation`] |
+//! | `publish` | worker → router | chunks made durable (after their storage receipts) |
+//! | `retract` | worker → router | replicas a tier no longer holds (evicted, corrupt) |
+//! | `drain` | router → worker | `to`, draining on/off (operator command) |
 //!
 //! **Handshake.** A worker opens the WebSocket with the cluster's shared token in the
 //! upgrade request's `Authorization: Bearer …` header — the token never travels inside a
@@ -43,9 +46,11 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::candidate::{Candidate, Estimate};
+use crate::candidate::{Candidate, Estimate, Tier};
+use crate::candidates::ChunkEntry;
 use crate::capacity::DeclineReason;
-use crate::ids::{AssignmentId, Epoch, NodeId, WorkerId};
+use crate::chunk::PrefixHash;
+use crate::ids::{AssignmentId, Epoch, ModelFingerprint, NodeId, WorkerId};
 use crate::observation::Observation;
 use crate::request::{GenerationRequest, Token};
 
@@ -75,7 +80,13 @@ macro_rules! wire_message {
     };
 }
 
-wire_message!(OutboundToWorker, WorkerMessage, ToRouter, RouterHandshake);
+wire_message!(
+    OutboundToWorker,
+    WorkerMessage,
+    ToRouter,
+    RouterHandshake,
+    ControlToWorker
+);
 
 // ---------------------------------------------------------------------------------------
 // Router → worker
@@ -131,6 +142,23 @@ pub struct OutboundToWorker {
     pub to: WorkerId,
     #[serde(flatten)]
     pub message: RouterMessage,
+}
+
+/// Operator control of one worker, outside the offer protocol.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "kebab-case")]
+pub enum Control {
+    /// Stop taking new offers (declined `draining`) and let running work finish; `false`
+    /// resumes.
+    Drain { draining: bool },
+}
+
+/// A control frame addressed to a worker.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ControlToWorker {
+    pub to: WorkerId,
+    #[serde(flatten)]
+    pub control: Control,
 }
 
 /// The router's answer to `hello`.
@@ -241,6 +269,37 @@ pub struct Heartbeat {
     pub observation: Observation,
 }
 
+/// A chunk the worker made durable: its bytes are in `tiers` on the worker's node (and
+/// in the shared object store when `entry.object`), each acknowledged by a storage receipt
+/// before this frame was sent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PublishedChunk {
+    pub entry: ChunkEntry,
+    /// Local replica tiers (ram, ssd) that hold it on the worker's node.
+    #[serde(default)]
+    pub tiers: Vec<Tier>,
+}
+
+/// Chunks newly durable on a worker.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Publish {
+    pub chunks: Vec<PublishedChunk>,
+}
+
+/// A replica a worker's tier no longer holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetractedChunk {
+    pub model: ModelFingerprint,
+    pub hash: PrefixHash,
+    pub tier: Tier,
+}
+
+/// Replicas gone from a worker's tiers (evicted, found corrupt).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Retract {
+    pub chunks: Vec<RetractedChunk>,
+}
+
 /// Every frame a router can receive.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "type", rename_all = "kebab-case")]
@@ -250,6 +309,8 @@ pub enum ToRouter {
     OfferResult(OfferResult),
     Token(TokenDelta),
     Result(ResultMessage),
+    Publish(Publish),
+    Retract(Retract),
 }
 
 impl From<WorkerMessage> for ToRouter {
