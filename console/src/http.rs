@@ -118,6 +118,24 @@ impl ManagementClient {
     /// Perform an intent. Any HTTP status is an answer; only transport problems are
     /// failures, with `sent` false exactly when the request cannot have reached the server.
     pub async fn execute(&self, intent: &HttpIntent) -> Result<HttpAnswer, TransportFailure> {
+        self.send(intent, None).await
+    }
+
+    /// [`Self::execute`] with another deadline for this one request (an inference probe
+    /// may take longer than a state read).
+    pub async fn execute_within(
+        &self,
+        intent: &HttpIntent,
+        timeout: Duration,
+    ) -> Result<HttpAnswer, TransportFailure> {
+        self.send(intent, Some(timeout)).await
+    }
+
+    async fn send(
+        &self,
+        intent: &HttpIntent,
+        timeout: Option<Duration>,
+    ) -> Result<HttpAnswer, TransportFailure> {
         let mut url = self.url(&intent.path).map_err(|e| TransportFailure {
             sent: false,
             detail: e.to_string(),
@@ -139,6 +157,9 @@ impl ManagementClient {
         }
         if let Some(body) = &intent.body {
             req = req.json(body);
+        }
+        if let Some(timeout) = timeout {
+            req = req.timeout(timeout);
         }
         let started = Instant::now();
         let resp = req

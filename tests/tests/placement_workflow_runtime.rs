@@ -1,0 +1,463 @@
+//! The console's placement runtime end to end: the real `skulk-fixture-server` process
+//! serving Skulk 1.3.0 captures (and bodies derived from them) on 127.0.0.1, and
+//! `den_console::place` driving the workflow over real HTTP with fences on disk.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use den_console::http::ManagementClient;
+use den_console::place::{
+    FenceStore, PlaceArgs, PlaceDriver, PlaceError, PlaceOptions, Progress, ProgressNote,
+    ProgressSink, ResumeResult, exit_code, place, resume_all,
+};
+use den_protocol::ids::NodeId;
+use den_protocol::placement::{
+    FailureReason, Note, Outcome, PlacementRequest, StepKind, UncertainReason, WorkflowConfig,
+};
+use den_protocol::skulk::{InstanceId, ModelId};
+use den_tests::{FixtureServer, RecordedRequest, script_path, temp_dir, wait_until_async};
+
+const NODE: &str = "12D3KooWS5hbRfsg4cwEX7pKogLSmR1udPzi5g68xyrDuoCesy1L";
+const MODEL: &str = "mlx-community/Llama-3.2-1B-Instruct-4bit";
+const INSTANCE: &str = "cff479d0-3939-4513-8d59-e5b967b6c9ad";
+const RUNNER_FAILURE: &str = "module 'mlx.core' has no attribute 'new_thread_local_stream'";
+const TOKEN: &str = "s3cret-management-token";
+
+fn server(script: &str, vars: &[(&str, &str)]) -> FixtureServer {
+    FixtureServer::start_with(
+        Path::new(env!("CARGO_BIN_EXE_skulk-fixture-server")),
+        &script_path(script),
+        vars,
+    )
+    .unwrap_or_else(|e| panic!("fixture server for {script}: {e}"))
+}
+
+fn client(server: &FixtureServer, token: Option<&str>) -> ManagementClient {
+    ManagementClient::new(
+        &server.url(),
+        token.map(str::to_owned),
+        Duration::from_secs(5),
+    )
+    .expect("client")
+}
+
+/// A deadline that only bounds the run: these scenarios end on evidence long before.
+fn config() -> WorkflowConfig {
+    WorkflowConfig {
+        reconcile_deadline_ms: 20_000,
+        poll_interval_ms: 50,
+        ..WorkflowConfig::default()
+    }
+}
+
+/// A deadline meant to pass.
+fn short_config() -> WorkflowConfig {
+    WorkflowConfig {
+        reconcile_deadline_ms: 300,
+        poll_interval_ms: 50,
+        ..WorkflowConfig::default()
+    }
+}
+
+fn request() -> PlacementRequest {
+    PlacementRequest {
+        model_id: ModelId::from(MODEL),
+        nodes: BTreeSet::from([NodeId::from(NODE)]),
+        context_tokens: Some(4096),
+        management_node: Some(NodeId::from(NODE)),
+        approved_card_digest: None,
+        hard_expiry: None,
+    }
+}
+
+/// A progress sink that keeps every note.
+fn recorder() -> (ProgressSink, Arc<Mutex<Vec<ProgressNote>>>) {
+    let notes = Arc::new(Mutex::new(Vec::new()));
+    let kept = Arc::clone(&notes);
+    let sink = ProgressSink::from_fn(move |note| kept.lock().expect("lock").push(note));
+    (sink, notes)
+}
+
+fn requests(server: &FixtureServer) -> Vec<RecordedRequest> {
+    server.requests().expect("recorded requests")
+}
+
+fn count(recorded: &[RecordedRequest], method: &str, path: &str) -> usize {
+    recorded.iter().filter(|r| r.is(method, path)).count()
+}
+
+fn fence_files(dir: &Path) -> usize {
+    FenceStore::open(dir)
+        .expect("store")
+        .list()
+        .expect("list")
+        .len()
+}
+
+#[tokio::test]
+async fn placement_runtime_accepted_and_ready() {
+    let server = server("placement_accepted_ready.json", &[]);
+    let dir = temp_dir().expect("tempdir");
+    let (sink, notes) = recorder();
+    let mut options = PlaceOptions::new(server.url(), dir.path());
+    options.workflow = config();
+    options.token = Some(TOKEN.to_owned());
+    let mut args = PlaceArgs::new(MODEL);
+    args.nodes = vec![NodeId::from(NODE)];
+    args.context_tokens = Some(4096);
+    let outcome = place(&options, args, sink, None).await.expect("outcome");
+
+    match &outcome {
+        Outcome::Placed {
+            instance_id,
+            command_id,
+        } => {
+            assert_eq!(instance_id.as_str(), INSTANCE);
+            assert_eq!(
+                command_id.as_ref().map(|c| c.as_str()),
+                Some("6ed67eec-54a4-423f-9d8f-616df570497e")
+            );
+        }
+        other => panic!("{other}"),
+    }
+    assert_eq!(exit_code(&outcome), 0);
+    let recorded = requests(&server);
+    assert_eq!(count(&recorded, "POST", "/instance"), 1);
+    assert_eq!(
+        count(&recorded, "POST", "/v1/chat/completions"),
+        1,
+        "exactly one probe, through the management API"
+    );
+    let probe = recorded
+        .iter()
+        .find(|r| r.is("POST", "/v1/chat/completions"))
+        .expect("probe");
+    let body: serde_json::Value = serde_json::from_str(&probe.body).expect("json body");
+    assert_eq!(body["model"], MODEL);
+    // the POST carried exactly the selected preview's instance
+    let post = recorded
+        .iter()
+        .find(|r| r.is("POST", "/instance"))
+        .expect("post");
+    let posted: serde_json::Value = serde_json::from_str(&post.body).expect("json body");
+    assert_eq!(
+        posted["instance"]["MlxRingInstance"]["instanceId"],
+        INSTANCE
+    );
+    // the runner was seen loading before it was ready: at least three /state reads
+    assert!(count(&recorded, "GET", "/state") >= 3, "{recorded:?}");
+    assert_eq!(
+        fence_files(dir.path()),
+        0,
+        "a placed instance clears its fence"
+    );
+
+    // progress: the fence was on disk before the POST went out
+    let notes = notes.lock().expect("lock").clone();
+    let position = |pred: &dyn Fn(&Progress) -> bool| notes.iter().position(|n| pred(&n.event));
+    let written = position(&|p| matches!(p, Progress::FenceWritten { .. })).expect("fence note");
+    let posted_at =
+        position(&|p| matches!(p, Progress::Request { what } if what == "POST /instance"))
+            .expect("post note");
+    assert!(written < posted_at, "fence before POST");
+    assert!(
+        position(&|p| matches!(p, Progress::Step(StepKind::Probing))).is_some(),
+        "the probe step is reported"
+    );
+    assert!(position(&|p| matches!(p, Progress::Evidence(_))).is_some());
+    assert!(matches!(
+        notes.last().map(|n| &n.event),
+        Some(Progress::Finished(Outcome::Placed { .. }))
+    ));
+    assert!(
+        notes
+            .iter()
+            .filter(|n| matches!(n.event, Progress::Request { .. }))
+            .all(|n| n.instance.is_none()
+                || n.instance.as_ref().map(InstanceId::as_str) == Some(INSTANCE))
+    );
+}
+
+#[tokio::test]
+async fn placement_runtime_accepted_then_runner_failed() {
+    let server = server("placement_runner_failed.json", &[]);
+    let dir = temp_dir().expect("tempdir");
+    let driver = PlaceDriver::new(
+        client(&server, None),
+        FenceStore::open(dir.path()).expect("store"),
+        config(),
+    );
+    let outcome = driver.place(request()).await.expect("outcome");
+    match &outcome {
+        Outcome::Failed {
+            instance_id,
+            reason:
+                FailureReason::RunnerFailed {
+                    node,
+                    runner,
+                    message,
+                },
+        } => {
+            assert_eq!(instance_id.as_ref().map(InstanceId::as_str), Some(INSTANCE));
+            assert_eq!(node.as_str(), NODE);
+            assert_eq!(runner.as_str(), "6954210c-447d-403a-892a-ab35c39bc2de");
+            assert_eq!(message, RUNNER_FAILURE);
+        }
+        other => panic!("{other}"),
+    }
+    assert!(outcome.to_string().contains(RUNNER_FAILURE));
+    assert_eq!(exit_code(&outcome), 1);
+    let recorded = requests(&server);
+    assert_eq!(count(&recorded, "POST", "/instance"), 1);
+    assert_eq!(
+        count(&recorded, "POST", "/v1/chat/completions"),
+        0,
+        "no probe"
+    );
+    assert_eq!(
+        fence_files(dir.path()),
+        0,
+        "a failed placement clears its fence"
+    );
+}
+
+#[tokio::test]
+async fn placement_runtime_response_lost_is_reconciled_without_a_second_post() {
+    let server = server("placement_response_lost.json", &[]);
+    let dir = temp_dir().expect("tempdir");
+    let (sink, notes) = recorder();
+    let driver = PlaceDriver::new(
+        client(&server, None),
+        FenceStore::open(dir.path()).expect("store"),
+        config(),
+    )
+    .with_progress(sink);
+    let outcome = driver.place(request()).await.expect("outcome");
+
+    let recorded = requests(&server);
+    let posts: Vec<_> = recorded
+        .iter()
+        .filter(|r| r.is("POST", "/instance"))
+        .collect();
+    assert_eq!(
+        posts.len(),
+        1,
+        "a lost response is reconciled, never re-posted"
+    );
+    assert_eq!(posts[0].served, "drop-after-read");
+    assert!(
+        notes.lock().expect("lock").iter().any(|n| matches!(
+            n.event,
+            Progress::Note(Note::SubmissionOutcomeUnknown { .. })
+        )),
+        "the lost response is reported"
+    );
+    // /state after the POST: twice without the instance, then ready
+    let polls_after_post = recorded
+        .iter()
+        .skip_while(|r| !r.is("POST", "/instance"))
+        .filter(|r| r.is("GET", "/state"))
+        .count();
+    assert!(polls_after_post >= 2, "{recorded:?}");
+    match &outcome {
+        Outcome::Placed { instance_id, .. } => {
+            assert_eq!(instance_id.as_str(), INSTANCE);
+            assert_eq!(count(&recorded, "POST", "/v1/chat/completions"), 1);
+            assert_eq!(fence_files(dir.path()), 0);
+        }
+        Outcome::Uncertain { .. } => assert_eq!(fence_files(dir.path()), 1),
+        other => panic!("the evidence shows the instance ready: {other}"),
+    }
+}
+
+#[tokio::test]
+async fn placement_runtime_nothing_observed_before_the_deadline_is_uncertain() {
+    let server = server("placement_not_observed.json", &[]);
+    let dir = temp_dir().expect("tempdir");
+    let driver = PlaceDriver::new(
+        client(&server, None),
+        FenceStore::open(dir.path()).expect("store"),
+        short_config(),
+    );
+    let outcome = driver.place(request()).await.expect("outcome");
+    match &outcome {
+        Outcome::Uncertain {
+            instance_id,
+            reason: UncertainReason::NotObservedBeforeDeadline { .. },
+        } => assert_eq!(instance_id.as_ref().map(InstanceId::as_str), Some(INSTANCE)),
+        other => panic!("{other}"),
+    }
+    assert_eq!(exit_code(&outcome), 2);
+    let recorded = requests(&server);
+    assert_eq!(count(&recorded, "POST", "/instance"), 1);
+    assert_eq!(count(&recorded, "POST", "/v1/chat/completions"), 0);
+    // the fence is kept, on disk, in wall-clock time
+    let store = FenceStore::open(dir.path()).expect("store");
+    let kept = store
+        .load(&InstanceId::from(INSTANCE))
+        .expect("readable")
+        .expect("kept for an uncertain outcome");
+    assert_eq!(kept.origin, server.url());
+    assert!(
+        kept.fence.created_at.0 > 1_600_000_000_000,
+        "UNIX ms, not logical time: {}",
+        kept.fence.created_at
+    );
+    assert!(kept.fence.reconcile_deadline > kept.fence.created_at);
+}
+
+#[tokio::test]
+async fn placement_runtime_fence_survives_a_restart() {
+    let server = server("placement_restart.json", &[]);
+    let dir = temp_dir().expect("tempdir");
+    let first = PlaceDriver::new(
+        client(&server, None),
+        FenceStore::open(dir.path()).expect("store"),
+        config(),
+    );
+    let running = tokio::spawn(first.place(request()));
+    // run until the fence is persisted and the POST has reached the server…
+    assert!(
+        wait_until_async(Duration::from_secs(20), || server
+            .count("POST", "/instance")
+            == 1)
+        .await,
+        "the POST was never sent"
+    );
+    // …then the process dies with the response outstanding
+    running.abort();
+    assert!(running.await.is_err(), "the first driver was stopped");
+    assert_eq!(fence_files(dir.path()), 1, "the fence is on disk");
+
+    // a new driver resumes every fence straight into reconciliation
+    let (sink, notes) = recorder();
+    let resumed = resume_all(
+        dir.path(),
+        &client(&server, None),
+        &config(),
+        Duration::from_secs(10),
+        sink,
+    )
+    .await
+    .expect("resumes");
+    assert_eq!(resumed.len(), 1);
+    assert_eq!(
+        resumed[0].instance_id.as_ref().map(InstanceId::as_str),
+        Some(INSTANCE)
+    );
+    match &resumed[0].result {
+        ResumeResult::Finished(Outcome::Placed { instance_id, .. }) => {
+            assert_eq!(instance_id.as_str(), INSTANCE)
+        }
+        other => panic!("{other:?}"),
+    }
+    let recorded = requests(&server);
+    assert_eq!(count(&recorded, "POST", "/instance"), 1, "no second POST");
+    assert_eq!(count(&recorded, "POST", "/v1/chat/completions"), 1);
+    // the resumed run rechecked the identity after the POST, before reconciling
+    let after_post: Vec<_> = recorded
+        .iter()
+        .skip_while(|r| !r.is("POST", "/instance"))
+        .skip(1)
+        .map(|r| format!("{} {}", r.method, r.path))
+        .collect();
+    assert_eq!(after_post.first().map(String::as_str), Some("GET /node_id"));
+    assert!(notes.lock().expect("lock").iter().any(|n| matches!(
+        n.event,
+        Progress::Note(Note::Resumed { .. })
+    )
+        && n.instance.as_ref().map(InstanceId::as_str) == Some(INSTANCE)));
+    assert_eq!(fence_files(dir.path()), 0, "placed: the fence is cleared");
+}
+
+#[tokio::test]
+async fn placement_runtime_credentials_stay_with_the_management_origin() {
+    let other = server("record_only.json", &[]);
+    let other_url = other.url();
+    let server = server("placement_redirect.json", &[("OTHER", &other_url)]);
+    let dir = temp_dir().expect("tempdir");
+    let driver = PlaceDriver::new(
+        client(&server, Some(TOKEN)),
+        FenceStore::open(dir.path()).expect("store"),
+        short_config(),
+    );
+    let outcome = driver.place(request()).await.expect("outcome");
+
+    let recorded = requests(&server);
+    let post = recorded
+        .iter()
+        .find(|r| r.is("POST", "/instance"))
+        .expect("post");
+    assert_eq!(post.served, "respond 307");
+    assert!(
+        recorded
+            .iter()
+            .all(|r| r.authorization.as_deref() == Some(&format!("Bearer {TOKEN}"))),
+        "the token goes to the configured origin: {recorded:?}"
+    );
+    assert!(
+        requests(&other).is_empty(),
+        "the redirect was not followed: {:?}",
+        requests(&other)
+    );
+    assert_eq!(count(&recorded, "POST", "/instance"), 1);
+    // an unfollowed redirect says nothing about the submission: reconcile, not retry
+    assert!(matches!(outcome, Outcome::Uncertain { .. }), "{outcome}");
+}
+
+#[tokio::test]
+async fn placement_runtime_sends_nothing_without_a_durable_fence() {
+    let server = server("placement_accepted_ready.json", &[]);
+    let dir = temp_dir().expect("tempdir");
+    let fences = dir.path().join("fences");
+    let store = FenceStore::open(&fences).expect("store");
+    // the directory turns into a file: every fence write fails
+    std::fs::remove_dir(&fences).expect("rmdir");
+    std::fs::write(&fences, "not a directory").expect("write");
+    let driver = PlaceDriver::new(client(&server, None), store, config());
+    let outcome = driver.place(request()).await.expect("outcome");
+    match &outcome {
+        Outcome::Failed {
+            reason: FailureReason::FenceNotPersisted { detail },
+            ..
+        } => assert!(detail.contains("fence-"), "names the file: {detail}"),
+        other => panic!("{other}"),
+    }
+    assert_eq!(server.count("POST", "/instance"), 0, "nothing sent");
+}
+
+#[tokio::test]
+async fn placement_runtime_declined_confirmation_writes_and_sends_nothing() {
+    let server = server("placement_accepted_ready.json", &[]);
+    let dir = temp_dir().expect("tempdir");
+    let mut options = PlaceOptions::new(server.url(), dir.path());
+    options.workflow = config();
+    let asked = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&asked);
+    let confirm = Arc::new(move |plan: &den_console::place::SubmissionPlan<'_>| {
+        seen.lock()
+            .expect("lock")
+            .push((plan.origin.to_owned(), plan.fence.instance_id.clone()));
+        false
+    });
+    // no --node: the management API's own node is the target
+    let result = place(
+        &options,
+        PlaceArgs::new(MODEL),
+        ProgressSink::none(),
+        Some(confirm),
+    )
+    .await;
+    match result {
+        Err(PlaceError::Declined { instance_id }) => assert_eq!(instance_id.as_str(), INSTANCE),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        asked.lock().expect("lock").as_slice(),
+        &[(server.url(), InstanceId::from(INSTANCE))]
+    );
+    assert_eq!(server.count("POST", "/instance"), 0);
+    assert_eq!(fence_files(dir.path()), 0);
+}
