@@ -78,6 +78,8 @@ impl ManagementClient {
         install_crypto_provider();
         let client = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
+            // A proxy is another origin: the bearer token must never travel through one.
+            .no_proxy()
             .timeout(timeout)
             .connect_timeout(timeout.min(Duration::from_secs(3)))
             .build()
