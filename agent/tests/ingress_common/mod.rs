@@ -9,6 +9,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::serve::ListenerExt;
+
 use den_agent::engine;
 use den_agent::ingress::fake::{FakeModel, FakeSubmitter};
 use den_agent::ingress::{IngressConfig, routes};
@@ -44,6 +46,9 @@ pub async fn serve(models: Vec<FakeModel>, config: IngressConfig) -> Server {
     let app = routes(submitter, config);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
+    // As the router serves it: SSE frames are small writes that must not wait for
+    // delayed ACKs.
+    let listener = listener.tap_io(|tcp| tcp.set_nodelay(true).unwrap());
     let task = tokio::spawn(async move {
         axum::serve(listener, app).await.unwrap();
     });
