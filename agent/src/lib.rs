@@ -7,6 +7,7 @@
 pub mod auth;
 pub mod config;
 pub mod engine;
+pub mod ingress;
 pub mod logging;
 pub mod memory;
 pub mod metrics;
