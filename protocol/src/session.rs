@@ -18,10 +18,10 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::evidence::PollFailure;
+use crate::evidence::{PollFailure, ProbeOutcome};
 use crate::feed::FeedMessage;
 use crate::ids::{NodeId, string_id};
-use crate::skulk::State;
+use crate::skulk::{InstanceId, State};
 use crate::time::Millis;
 
 /// Version of the session event format; a recording written with another major version
@@ -157,6 +157,13 @@ pub enum SessionEvent {
         failure: PollFailure,
         latency_ms: u64,
     },
+    /// The outcome of an ordinary inference request sent through `source`'s management
+    /// API to test `instance` (a placement's readiness probe). Never the prompt.
+    Probe {
+        source: SourceId,
+        instance: InstanceId,
+        outcome: ProbeOutcome,
+    },
     /// The operator issued a command (after confirmation, where one was needed).
     Command { id: CommandSeq, text: String },
     /// A step of a running command (e.g. a placement's reconciliation).
@@ -181,7 +188,8 @@ impl SessionEvent {
             | SessionEvent::Feed { source, .. }
             | SessionEvent::SkulkNodeId { source, .. }
             | SessionEvent::SkulkState { source, .. }
-            | SessionEvent::PollFailed { source, .. } => Some(source),
+            | SessionEvent::PollFailed { source, .. }
+            | SessionEvent::Probe { source, .. } => Some(source),
             SessionEvent::Command { .. }
             | SessionEvent::CommandProgress { .. }
             | SessionEvent::CommandOutcome { .. }
@@ -199,6 +207,7 @@ impl SessionEvent {
             SessionEvent::SkulkNodeId { .. } => "skulk-node-id",
             SessionEvent::SkulkState { .. } => "skulk-state",
             SessionEvent::PollFailed { .. } => "poll-failed",
+            SessionEvent::Probe { .. } => "probe",
             SessionEvent::Command { .. } => "command",
             SessionEvent::CommandProgress { .. } => "command-progress",
             SessionEvent::CommandOutcome { .. } => "command-outcome",
@@ -273,6 +282,13 @@ mod tests {
                 },
                 latency_ms: 5000,
             },
+            SessionEvent::Probe {
+                source: "router".into(),
+                instance: "i-1".into(),
+                outcome: ProbeOutcome::Failed {
+                    detail: "HTTP 503".into(),
+                },
+            },
             SessionEvent::Command {
                 id: CommandSeq(1),
                 text: "delete abc".into(),
@@ -309,7 +325,7 @@ mod tests {
     #[test]
     fn only_source_events_name_a_source() {
         let with_source = all_kinds().iter().filter(|e| e.source().is_some()).count();
-        assert_eq!(with_source, 7);
+        assert_eq!(with_source, 8);
     }
 
     #[test]
