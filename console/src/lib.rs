@@ -16,5 +16,10 @@ pub mod model;
 pub mod theme;
 pub mod ui;
 
+pub mod config;
+pub mod exec;
+pub mod sources;
+pub mod status;
 #[cfg(test)]
 mod testing;
+pub mod tui;

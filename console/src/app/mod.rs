@@ -105,6 +105,14 @@ impl App {
         }
     }
 
+    /// A default app looking at `panel`.
+    pub fn focused(panel: Panel) -> App {
+        App {
+            focus: panel,
+            ..App::default()
+        }
+    }
+
     pub fn table(&self, panel: Panel) -> &TableState {
         // `Panel::index` is always < 6, the length of `tables`.
         &self.tables[panel.index()]
@@ -183,11 +191,7 @@ impl App {
                     };
                 }
             }
-            Action::Back => {
-                if !self.table(panel).filter.is_empty() {
-                    self.table_mut(panel).filter.clear();
-                }
-            }
+            Action::Back => self.table_mut(panel).filter.clear(),
             Action::SortNext => {
                 let table = self.table_mut(panel);
                 table.sort = dispatch_panel!(panel, next_sortable(table.sort));

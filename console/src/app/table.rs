@@ -201,7 +201,7 @@ pub fn compute_order<R: TableRow>(
             .collect()
     } else {
         (0..rows.len())
-            .filter(|i| rows.get(*i).is_some_and(|r| matches(r)))
+            .filter(|i| rows.get(*i).is_some_and(&matches))
             .collect()
     };
     if let Some(sort) = sort {

@@ -75,8 +75,7 @@ fn keys_mean_different_things_per_mode() {
 
 #[test]
 fn filter_narrows_rows_and_esc_clears_it() {
-    let mut app = App::default();
-    app.focus = Panel::Routes;
+    let mut app = App::focused(Panel::Routes);
     run(&mut app, []);
     assert_eq!(visible_routes(&app).len(), 5);
     let mut actions = vec![Action::StartFilter];
@@ -101,8 +100,7 @@ fn filter_narrows_rows_and_esc_clears_it() {
 
 #[test]
 fn filter_shows_whole_groups() {
-    let mut app = App::default();
-    app.focus = Panel::Instances;
+    let mut app = App::focused(Panel::Instances);
     let mut actions = vec![Action::StartFilter];
     actions.extend(typed("no space left"));
     run(&mut app, actions);
@@ -121,8 +119,7 @@ fn filter_shows_whole_groups() {
 
 #[test]
 fn sort_cycles_columns_and_reverses() {
-    let mut app = App::default();
-    app.focus = Panel::Routes;
+    let mut app = App::focused(Panel::Routes);
     run(&mut app, []);
     // newest first by default
     assert_eq!(
@@ -189,8 +186,7 @@ fn mutating_row_commands_wait_for_confirmation() {
             },
         ),
     ] {
-        let mut app = App::default();
-        app.focus = panel;
+        let mut app = App::focused(panel);
         let effects = run(&mut app, [Action::RowCommand]);
         assert!(
             effects.is_empty(),
@@ -214,8 +210,7 @@ fn mutating_row_commands_wait_for_confirmation() {
 
 #[test]
 fn a_finished_request_cannot_be_cancelled() {
-    let mut app = App::default();
-    app.focus = Panel::Routes;
+    let mut app = App::focused(Panel::Routes);
     run(&mut app, [Action::Bottom]);
     let effects = run(&mut app, [Action::RowCommand]);
     assert!(effects.is_empty());
@@ -311,8 +306,7 @@ fn read_only_refuses_every_mutating_command_with_a_message() {
 
 #[test]
 fn enter_opens_the_detail_of_the_selected_row_and_esc_returns() {
-    let mut app = App::default();
-    app.focus = Panel::Routes;
+    let mut app = App::focused(Panel::Routes);
     run(&mut app, [Action::Down, Action::Enter]);
     assert_eq!(
         app.mode,

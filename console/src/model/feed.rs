@@ -130,7 +130,7 @@ impl Model {
                         track.history.pop_front();
                     }
                 }
-                track.observation = Box::new(observation.clone());
+                *track.observation = observation.clone();
                 track.received_at = at;
             }
             None => {

@@ -21,8 +21,7 @@ fn frame(app: &mut App, model: &Model, theme: &str, now: Millis, w: u16, h: u16)
 }
 
 fn panel(panel: Panel, theme: &str, w: u16, h: u16) -> String {
-    let mut app = App::default();
-    app.focus = panel;
+    let mut app = App::focused(panel);
     frame(&mut app, &SCENARIO, theme, SCENARIO_NOW, w, h)
 }
 
@@ -78,16 +77,14 @@ fn typed(text: &str) -> Vec<Action> {
 
 #[test]
 fn help_overlay_for_routes() {
-    let mut app = App::default();
-    app.focus = Panel::Routes;
+    let mut app = App::focused(Panel::Routes);
     act(&mut app, &SCENARIO, [Action::Help]);
     insta::assert_snapshot!(frame(&mut app, &SCENARIO, "dark", SCENARIO_NOW, 120, 40));
 }
 
 #[test]
 fn palette_with_completion() {
-    let mut app = App::default();
-    app.focus = Panel::Instances;
+    let mut app = App::focused(Panel::Instances);
     let mut actions = vec![Action::StartPalette];
     actions.extend(typed("delete "));
     actions.push(Action::Complete);
@@ -97,8 +94,7 @@ fn palette_with_completion() {
 
 #[test]
 fn confirm_dialog_for_delete() {
-    let mut app = App::default();
-    app.focus = Panel::Instances;
+    let mut app = App::focused(Panel::Instances);
     act(&mut app, &SCENARIO, [Action::RowCommand]);
     insta::assert_snapshot!(frame(&mut app, &SCENARIO, "dark", SCENARIO_NOW, 120, 40));
 }
@@ -113,8 +109,7 @@ fn read_only_refusal_in_the_footer() {
 
 #[test]
 fn route_detail_shows_every_candidate_and_attempt() {
-    let mut app = App::default();
-    app.focus = Panel::Routes;
+    let mut app = App::focused(Panel::Routes);
     let mut actions = vec![Action::StartFilter];
     actions.extend(typed("request-2"));
     actions.extend([Action::Submit, Action::Enter]);
@@ -124,8 +119,7 @@ fn route_detail_shows_every_candidate_and_attempt() {
 
 #[test]
 fn instance_detail_lists_reasons_and_evidence() {
-    let mut app = App::default();
-    app.focus = Panel::Instances;
+    let mut app = App::focused(Panel::Instances);
     act(&mut app, &SCENARIO, [Action::Bottom, Action::Enter]);
     insta::assert_snapshot!(frame(
         &mut app,
@@ -143,8 +137,7 @@ fn run_c_capture_instances_and_downloads() {
     let now = Millis(24_100);
     let mut out = String::new();
     for p in [Panel::Instances, Panel::Downloads, Panel::Nodes] {
-        let mut app = App::default();
-        app.focus = p;
+        let mut app = App::focused(p);
         out.push_str(&crate::testing::text(&draw(
             &mut app,
             &model,
@@ -174,8 +167,7 @@ fn no_sources_explains_what_to_do() {
 fn stale_rows_are_drawn_aged() {
     // gpu-c's last heartbeat is 20 s old: its row uses the stale style, gpu-a's does not.
     let theme = Theme::default();
-    let mut app = App::default();
-    app.focus = Panel::Pages;
+    let mut app = App::focused(Panel::Pages);
     let buf = draw(&mut app, &SCENARIO, &theme, SCENARIO_NOW, 120, 40);
     let row_of = |name: &str| {
         (0..buf.area.height)
