@@ -119,6 +119,7 @@ impl App {
     }
 
     fn table_mut(&mut self, panel: Panel) -> &mut TableState {
+        // `Panel::index` is always < 6, the length of `tables`.
         &mut self.tables[panel.index()]
     }
 

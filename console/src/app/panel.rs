@@ -70,12 +70,19 @@ impl Panel {
         })
     }
 
+    // Indexing below is modulo the length of `ALL`, so it cannot fail.
     pub fn next(self) -> Panel {
         Panel::ALL[(self.index() + 1) % Panel::ALL.len()]
     }
 
     pub fn prev(self) -> Panel {
         Panel::ALL[(self.index() + Panel::ALL.len() - 1) % Panel::ALL.len()]
+    }
+}
+
+impl std::fmt::Display for Panel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.alias())
     }
 }
 

@@ -142,7 +142,139 @@ fn one_line(s: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use futures_util::SinkExt;
+    use tokio::net::TcpListener;
+    use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
+
+    use den_protocol::feed::{FEED_VERSION, FeedMessage};
+
     use super::*;
+
+    fn hello() -> String {
+        feed::encode(&FeedMessage::Hello {
+            feed_version: FEED_VERSION,
+            router: "r1".into(),
+            started_at_unix_ms: 0,
+        })
+    }
+
+    /// Accepts connections that carry the bearer token; the first one is closed right
+    /// after its hello (the router "restarts"), later ones stay open.
+    async fn flaky_router(token: &'static str) -> (String, Arc<AtomicUsize>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                // The callback's signature is tungstenite's.
+                #[allow(clippy::result_large_err)]
+                let check = |req: &Request, resp: Response| -> Result<Response, ErrorResponse> {
+                    let auth = req
+                        .headers()
+                        .get("authorization")
+                        .and_then(|v| v.to_str().ok());
+                    if auth == Some(&format!("Bearer {token}")) {
+                        Ok(resp)
+                    } else {
+                        let mut refusal = ErrorResponse::new(Some("no token".into()));
+                        *refusal.status_mut() =
+                            tokio_tungstenite::tungstenite::http::StatusCode::UNAUTHORIZED;
+                        Err(refusal)
+                    }
+                };
+                let Ok(mut ws) = tokio_tungstenite::accept_hdr_async(stream, check).await else {
+                    continue;
+                };
+                let n = count.fetch_add(1, Ordering::SeqCst);
+                let _ = ws.send(Message::text(hello())).await;
+                if n == 0 {
+                    let _ = ws.close(None).await;
+                } else {
+                    tokio::spawn(async move { while ws.next().await.is_some() {} });
+                }
+            }
+        });
+        (format!("ws://{addr}/v1/console"), accepted)
+    }
+
+    async fn next(rx: &mut mpsc::Receiver<SessionEvent>) -> SessionEvent {
+        tokio::time::timeout(Duration::from_secs(5), rx.recv())
+            .await
+            .expect("an event in time")
+            .expect("channel open")
+    }
+
+    #[tokio::test]
+    async fn a_lost_feed_reports_disconnected_and_reconnects_with_the_token() {
+        let (url, accepted) = flaky_router("tok").await;
+        let (tx, mut rx) = mpsc::channel(16);
+        let task = tokio::spawn(run(
+            "router".into(),
+            url,
+            Some("tok".into()),
+            Duration::from_secs(2),
+            tx,
+        ));
+        assert!(matches!(
+            next(&mut rx).await,
+            SessionEvent::Connected { .. }
+        ));
+        assert!(matches!(
+            next(&mut rx).await,
+            SessionEvent::Feed {
+                message: FeedMessage::Hello { .. },
+                ..
+            }
+        ));
+        assert!(matches!(
+            next(&mut rx).await,
+            SessionEvent::Disconnected { .. }
+        ));
+        assert!(matches!(
+            next(&mut rx).await,
+            SessionEvent::Connected { .. }
+        ));
+        assert!(matches!(
+            next(&mut rx).await,
+            SessionEvent::Feed {
+                message: FeedMessage::Hello { .. },
+                ..
+            }
+        ));
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+        task.abort();
+    }
+
+    #[tokio::test]
+    async fn a_refused_token_is_one_disconnected_event_per_outage() {
+        let (url, accepted) = flaky_router("tok").await;
+        let (tx, mut rx) = mpsc::channel(16);
+        let task = tokio::spawn(run(
+            "router".into(),
+            url,
+            Some("wrong".into()),
+            Duration::from_secs(2),
+            tx,
+        ));
+        match next(&mut rx).await {
+            SessionEvent::Disconnected { reason, .. } => {
+                assert!(reason.contains("401"), "{reason}")
+            }
+            other => panic!("{other:?}"),
+        }
+        // retries keep failing quietly
+        assert!(
+            tokio::time::timeout(Duration::from_millis(800), rx.recv())
+                .await
+                .is_err()
+        );
+        assert_eq!(accepted.load(Ordering::SeqCst), 0);
+        task.abort();
+    }
 
     #[test]
     fn feed_urls_follow_the_router_base() {

@@ -36,12 +36,13 @@ pub fn draw(
             None => gone(key, theme),
         },
         Panel::Instances => {
-            let rows: Vec<&InstanceRow> = model
-                .views()
-                .instances
+            // A node row opens its whole instance.
+            let all = &model.views().instances;
+            let instance = all
                 .iter()
-                .filter(|r| r.instance() == key || r.key() == key)
-                .collect();
+                .find(|r| r.key() == key)
+                .map_or(key, |r| r.instance());
+            let rows: Vec<&InstanceRow> = all.iter().filter(|r| r.instance() == instance).collect();
             if rows.is_empty() {
                 gone(key, theme)
             } else {
