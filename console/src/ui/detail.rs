@@ -71,7 +71,12 @@ pub fn draw(
             theme.overlay().fg(theme.ui.dim),
         ));
     frame.render_widget(Clear, body);
-    frame.render_widget(Paragraph::new(lines).block(block).scroll((scroll, 0)), body);
+    // Wrapped, not truncated: a detail view shows every reason in full.
+    let text = Paragraph::new(lines)
+        .block(block)
+        .wrap(ratatui::widgets::Wrap { trim: false })
+        .scroll((scroll, 0));
+    frame.render_widget(text, body);
 }
 
 fn gone(key: &str, theme: &Theme) -> (String, Vec<Line<'static>>) {
