@@ -1,4 +1,27 @@
 //! den-console: the operator console (binary `den`).
+//!
+//! Layers, from pure to effectful:
+//! - [`model`]: a pure reducer over session events ([`den_protocol::session`]) with the
+//!   derived rows of every panel;
+//! - [`app`]: the interactive state (focus, tables, modes, palette) as a pure
+//!   `update(action) -> effects` machine;
+//! - [`ui`]: widgets that only draw from `(&App, &Model, &Theme, now)`;
+//! - [`theme`]: colour themes from TOML;
+//! - [`sources`], [`exec`], [`tui`], [`status`], [`place`]: the runtime (sockets, HTTP,
+//!   terminal, the placement driver and its fence store).
 
+pub mod app;
+pub mod fixtures;
 pub mod http;
+pub mod model;
 pub mod place;
+pub mod theme;
+pub mod ui;
+
+pub mod config;
+pub mod exec;
+pub mod sources;
+pub mod status;
+#[cfg(test)]
+mod testing;
+pub mod tui;

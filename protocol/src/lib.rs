@@ -21,6 +21,7 @@
 //! - [`evidence`]: the evidence reducer and readiness verdicts;
 //! - [`placement`]: the exact-placement workflow (fence, submit, reconcile, probe);
 //! - [`feed`]: the console feed a den router streams to consoles;
+//! - [`session`]: the console's stamped input events (what recordings store);
 //! - [`fleet`]: the fleet simulator that compares routing policies on production traces.
 
 pub mod calibration;
@@ -39,6 +40,7 @@ pub mod placement;
 pub mod pool;
 pub mod request;
 pub mod router;
+pub mod session;
 pub mod sim;
 pub mod skulk;
 pub mod time;

@@ -1,0 +1,196 @@
+//! Source events: registration, connection changes, `/node_id` and `/state` answers and
+//! poll failures (the evidence reducer sees every poll).
+
+use den_protocol::evidence::{EndpointLabel, Input, PollFailure, PollObservation, PollResult};
+use den_protocol::ids::NodeId;
+use den_protocol::session::{SourceId, SourceKind};
+use den_protocol::skulk::State;
+use den_protocol::time::Millis;
+
+use super::{Health, Level, Model, SourceRow, SourceTrack};
+
+impl Model {
+    pub(super) fn source_mut(&mut self, source: &SourceId) -> &mut SourceTrack {
+        self.sources_dirty = true;
+        self.versions.sources += 1;
+        self.sources
+            .entry(source.clone())
+            .or_insert_with(|| SourceTrack {
+                kind: SourceKind::Skulk,
+                url: String::new(),
+                feed: None,
+                api: Health::Connecting,
+                latency_ms: None,
+                last_ok: None,
+                node: None,
+                pending_node: None,
+                router: None,
+                state_at: None,
+            })
+    }
+
+    pub(super) fn add_source(
+        &mut self,
+        at: Millis,
+        source: &SourceId,
+        kind: SourceKind,
+        url: &str,
+    ) {
+        let track = self.source_mut(source);
+        track.kind = kind;
+        track.url = url.to_owned();
+        track.feed = (kind == SourceKind::DenRouter).then_some(Health::Connecting);
+        self.evidence.handle(
+            at,
+            Input::Endpoint {
+                endpoint: EndpointLabel::new(source.as_str()),
+                expected_node: None,
+            },
+        );
+        self.log_line(
+            at,
+            Some(source),
+            Level::Info,
+            format!("source added: {kind} {url}"),
+        );
+    }
+
+    pub(super) fn connected(&mut self, at: Millis, source: &SourceId) {
+        let track = self.source_mut(source);
+        if track.kind == SourceKind::DenRouter {
+            track.feed = Some(Health::Connected);
+        } else {
+            track.api = Health::Connected;
+        }
+        let what = if track.kind == SourceKind::DenRouter {
+            "feed connected"
+        } else {
+            "connected"
+        };
+        self.log_line(at, Some(source), Level::Good, what.to_owned());
+    }
+
+    pub(super) fn disconnected(&mut self, at: Millis, source: &SourceId, reason: &str) {
+        let track = self.source_mut(source);
+        let health = |old: Option<&Health>| Health::Disconnected {
+            since: match old {
+                Some(Health::Disconnected { since, .. }) => *since,
+                _ => at,
+            },
+            reason: reason.to_owned(),
+        };
+        let what = if track.kind == SourceKind::DenRouter {
+            track.feed = Some(health(track.feed.as_ref()));
+            "feed disconnected"
+        } else {
+            track.api = health(Some(&track.api));
+            "disconnected"
+        };
+        // Feed rows of this source are now stale; the panels draw them so.
+        self.workers_dirty = true;
+        self.versions.routes += 1;
+        self.log_line(at, Some(source), Level::Bad, format!("{what}: {reason}"));
+    }
+
+    pub(super) fn node_id(&mut self, at: Millis, source: &SourceId, node: &NodeId) {
+        let track = self.source_mut(source);
+        let changed = track.node.as_ref() != Some(node);
+        track.node = Some(node.clone());
+        track.pending_node = Some(node.clone());
+        if changed {
+            self.log_line(
+                at,
+                Some(source),
+                Level::Info,
+                format!("answers as node {node}"),
+            );
+        }
+    }
+
+    pub(super) fn state(&mut self, at: Millis, source: &SourceId, state: &State, latency_ms: u64) {
+        let track = self.source_mut(source);
+        let first = track.state_at.is_none();
+        let recovered = matches!(track.api, Health::Disconnected { .. });
+        track.api = Health::Connected;
+        track.latency_ms = Some(latency_ms);
+        track.last_ok = Some(at);
+        track.state_at = Some(at);
+        let node_id = track.pending_node.take();
+        let notices = self.evidence.handle(
+            at,
+            Input::Poll(PollObservation {
+                endpoint: EndpointLabel::new(source.as_str()),
+                node_id,
+                result: PollResult::State(Box::new(state.clone())),
+            }),
+        );
+        if first || recovered {
+            let text = format!(
+                "/state answers ({} nodes, {} instances, {latency_ms} ms)",
+                state.topology.nodes.len(),
+                state.instances.len()
+            );
+            self.log_line(at, Some(source), Level::Good, text);
+        }
+        self.log_notices(at, source, notices);
+        self.cluster_dirty = true;
+    }
+
+    pub(super) fn poll_failed(
+        &mut self,
+        at: Millis,
+        source: &SourceId,
+        endpoint: &str,
+        failure: &PollFailure,
+        latency_ms: u64,
+    ) {
+        let track = self.source_mut(source);
+        let first_failure = !matches!(track.api, Health::Disconnected { .. });
+        track.latency_ms = Some(latency_ms);
+        track.api = Health::Disconnected {
+            since: match &track.api {
+                Health::Disconnected { since, .. } => *since,
+                _ => at,
+            },
+            reason: failure.to_string(),
+        };
+        let node_id = track.pending_node.take();
+        let notices = self.evidence.handle(
+            at,
+            Input::Poll(PollObservation {
+                endpoint: EndpointLabel::new(source.as_str()),
+                node_id,
+                result: PollResult::Failed(failure.clone()),
+            }),
+        );
+        if first_failure {
+            self.log_line(
+                at,
+                Some(source),
+                Level::Bad,
+                format!("GET {endpoint} failed: {failure}"),
+            );
+        }
+        self.log_notices(at, source, notices);
+        self.cluster_dirty = true;
+        self.workers_dirty = true;
+    }
+
+    pub(super) fn rebuild_sources(&mut self) {
+        self.views.sources = self
+            .sources
+            .iter()
+            .map(|(id, s)| SourceRow {
+                source: id.clone(),
+                kind: s.kind,
+                url: s.url.clone(),
+                feed: s.feed.clone(),
+                api: s.api.clone(),
+                latency_ms: s.latency_ms,
+                last_ok: s.last_ok,
+                node: s.node.clone(),
+                router: s.router.clone(),
+            })
+            .collect();
+    }
+}

@@ -1,0 +1,417 @@
+//! The reducer: fixture scenarios, determinism, staleness, contradictions, commands.
+
+use std::sync::LazyLock;
+
+use den_protocol::evidence::ProbeOutcome;
+use den_protocol::feed::FeedMessage;
+use den_protocol::session::{CommandSeq, CommandStatus, SessionEvent, SourceKind, Stamped};
+use den_protocol::time::Millis;
+
+use super::*;
+use crate::fixtures::{self, ALPHA, BRAVO, SCENARIO_NOW};
+use crate::testing::model_of;
+
+static SCENARIO: LazyLock<Vec<Stamped>> =
+    LazyLock::new(|| fixtures::scenario().expect("fixture scenario"));
+
+fn node<'a>(model: &'a Model, id: &str) -> &'a NodeRow {
+    model
+        .views()
+        .nodes
+        .iter()
+        .find(|n| n.node.as_str() == id)
+        .expect("node row")
+}
+
+fn ev(at: u64, event: SessionEvent) -> Stamped {
+    Stamped::new(Millis(at), event)
+}
+
+#[test]
+fn scenario_membership_is_two_sided_and_identities_are_bound() {
+    let model = model_of(&SCENARIO);
+    let alpha = node(&model, ALPHA);
+    // router, mgmt and bravo are fresh; lab fails, so it no longer counts
+    assert_eq!(alpha.membership, MembershipView::Member { observers: 3 });
+    assert!(matches!(alpha.identity, Identity::Bound { .. }));
+    assert_eq!(alpha.name.as_deref(), Some("alpha"));
+    assert_eq!(alpha.workers, ["gpu-a".into()]);
+    let bravo = node(&model, BRAVO);
+    assert_eq!(
+        bravo.identity,
+        Identity::Bound {
+            source: "bravo".into()
+        }
+    );
+    // bravo's nodeHealth says error (disk) in the capture
+    assert_eq!(bravo.level, Level::Bad);
+    // charlie is only known from the feed: unknown membership, values missing not zero
+    let charlie = node(&model, "charlie");
+    assert_eq!(charlie.membership, MembershipView::Unknown);
+    assert_eq!(charlie.identity, Identity::NotBound);
+    assert_eq!(charlie.ram_total, None);
+    assert!(charlie.draining);
+    assert_eq!(charlie.level, Level::Warn);
+}
+
+#[test]
+fn scenario_feed_rows() {
+    let model = model_of(&SCENARIO);
+    let pages = &model.views().pages;
+    assert_eq!(pages.len(), 4);
+    let page = |w: &str| {
+        pages
+            .iter()
+            .find(|p| p.worker.as_str() == w)
+            .expect("page row")
+    };
+    assert_eq!(page("gpu-d").gone.as_deref(), Some("heartbeat expired"));
+    assert!(page("gpu-c").draining);
+    // the snapshot plus 25 heartbeats, bounded by the configured history
+    assert_eq!(
+        page("gpu-a").history.len(),
+        model.config().history_len.min(26)
+    );
+    assert!(page("gpu-a").inconsistent.is_none());
+    // gpu-c stopped heartbeating at 4.1 s: stale at the end, gpu-a is not
+    assert!(model.is_stale(page("gpu-c").observed_at, SCENARIO_NOW));
+    assert!(!model.is_stale(page("gpu-a").observed_at, SCENARIO_NOW));
+
+    let route = |r: &str| model.route(&"router".into(), &r.into()).expect("route");
+    assert_eq!(route("request-1").phase, RoutePhase::Completed);
+    assert!(route("request-1").setbacks.is_empty());
+    let second = route("request-2");
+    assert_eq!(second.worker.as_ref().map(|w| w.as_str()), Some("gpu-b"));
+    assert!(
+        second
+            .setbacks
+            .iter()
+            .all(|s| s.contains("declined (insufficient-pages)"))
+    );
+    assert_eq!(second.setbacks.len(), 3);
+    assert_eq!(route("request-3").phase, RoutePhase::Failed);
+    assert!(
+        route("request-3")
+            .error
+            .as_deref()
+            .unwrap_or("")
+            .contains("no feasible worker")
+    );
+    assert_eq!(route("request-4").phase, RoutePhase::Cancelled);
+    assert_eq!(route("request-5").phase, RoutePhase::Running);
+    assert!(route("request-5").measured_ttft_ms.is_some());
+}
+
+#[test]
+fn the_same_events_give_the_same_model() {
+    let a = model_of(&SCENARIO);
+    let b = model_of(&SCENARIO);
+    let json = |m: &Model| {
+        let v = m.views();
+        serde_json::to_string(&(
+            &v.sources,
+            &v.nodes,
+            &v.downloads,
+            &v.instances,
+            &v.pages,
+            m.events(),
+        ))
+        .expect("json")
+    };
+    assert_eq!(json(&a), json(&b));
+    let routes = |m: &Model| {
+        let mut r: Vec<String> = m
+            .routes()
+            .iter()
+            .map(|r| serde_json::to_string(r).expect("json"))
+            .collect();
+        r.sort();
+        r
+    };
+    assert_eq!(routes(&a), routes(&b));
+}
+
+#[test]
+fn a_lost_feed_marks_its_source_down_until_it_reconnects() {
+    let mut model = model_of(&SCENARIO);
+    let router = SourceId::from("router");
+    assert!(!model.source_down(&router));
+    model.apply(&ev(
+        25_100,
+        SessionEvent::Disconnected {
+            source: router.clone(),
+            reason: "connection reset".into(),
+        },
+    ));
+    model.settle();
+    assert!(model.source_down(&router));
+    let row = model
+        .views()
+        .sources
+        .iter()
+        .find(|s| s.source == router)
+        .expect("source");
+    assert!(matches!(
+        row.health(),
+        Health::Disconnected {
+            since: Millis(25_100),
+            ..
+        }
+    ));
+    assert!(
+        model
+            .events()
+            .last()
+            .is_some_and(|e| e.text.contains("connection reset"))
+    );
+    model.apply(&ev(
+        26_000,
+        SessionEvent::Connected {
+            source: router.clone(),
+        },
+    ));
+    model.settle();
+    assert!(!model.source_down(&router));
+}
+
+#[test]
+fn sources_that_disagree_about_a_download_flag_a_contradiction() {
+    let state = fixtures::skulk_state("runC/state_t2.json").expect("state");
+    let mut other = state.clone();
+    // the same record (legacy: no attempt id), seen completed by the second source
+    for records in other.downloads.values_mut() {
+        for r in records.iter_mut() {
+            let json = serde_json::to_value(&*r).expect("json");
+            let body = json.get("DownloadOngoing").cloned().expect("ongoing");
+            *r = serde_json::from_value(serde_json::json!({ "DownloadCompleted": body }))
+                .expect("completed");
+        }
+    }
+    let events = vec![
+        ev(
+            0,
+            SessionEvent::SourceAdded {
+                source: "a".into(),
+                kind: SourceKind::Skulk,
+                url: "http://a".into(),
+            },
+        ),
+        ev(
+            0,
+            SessionEvent::SourceAdded {
+                source: "b".into(),
+                kind: SourceKind::Skulk,
+                url: "http://b".into(),
+            },
+        ),
+        ev(
+            10,
+            SessionEvent::SkulkState {
+                source: "a".into(),
+                state: Box::new(state),
+                latency_ms: 1,
+            },
+        ),
+        ev(
+            20,
+            SessionEvent::SkulkState {
+                source: "b".into(),
+                state: Box::new(other),
+                latency_ms: 1,
+            },
+        ),
+    ];
+    let model = model_of(&events);
+    let rows = &model.views().downloads;
+    assert_eq!(rows.len(), 1);
+    let row = rows.first().expect("row");
+    assert_eq!(row.level, Level::Unknown);
+    assert!(
+        row.contradiction
+            .as_deref()
+            .unwrap_or("")
+            .contains("Ongoing"),
+        "{row:?}"
+    );
+    assert_eq!(row.seen_by, ["a".into(), "b".into()]);
+}
+
+#[test]
+fn an_unprobed_instance_is_never_ready_and_a_probe_makes_it_ready() {
+    let state = fixtures::skulk_state("derived/state_two_nodes_running.json").expect("state");
+    let instance = "5838fcd2-a1f3-4dea-9074-158c5ed8c17c";
+    let mut events = vec![
+        ev(
+            0,
+            SessionEvent::SourceAdded {
+                source: "mgmt".into(),
+                kind: SourceKind::Skulk,
+                url: "http://m".into(),
+            },
+        ),
+        ev(
+            90,
+            SessionEvent::SkulkNodeId {
+                source: "mgmt".into(),
+                node: ALPHA.into(),
+            },
+        ),
+        ev(
+            100,
+            SessionEvent::SkulkState {
+                source: "mgmt".into(),
+                state: Box::new(state),
+                latency_ms: 3,
+            },
+        ),
+    ];
+    let verdict = |m: &Model| {
+        m.views()
+            .instances
+            .iter()
+            .find_map(|r| match r {
+                InstanceRow::Instance {
+                    instance: i,
+                    verdict,
+                    ..
+                } if i == instance => Some(verdict.clone()),
+                _ => None,
+            })
+            .expect("instance row")
+    };
+    let model = model_of(&events);
+    let v = verdict(&model);
+    assert_eq!(v.kind, "unprobed");
+    assert_ne!(v.level, Level::Good);
+    events.push(ev(
+        200,
+        SessionEvent::Probe {
+            source: "mgmt".into(),
+            instance: instance.into(),
+            outcome: ProbeOutcome::Succeeded { served_by: None },
+        },
+    ));
+    let model = model_of(&events);
+    let v = verdict(&model);
+    assert_eq!((v.kind.as_str(), v.level), ("ready", Level::Good));
+    assert!(
+        model
+            .events()
+            .iter()
+            .any(|e| e.text.contains("probe of instance 5838fcd2: succeeded"))
+    );
+}
+
+#[test]
+fn commands_progress_and_outcomes_are_kept_and_logged() {
+    let id = CommandSeq(7);
+    let model = model_of(&[
+        ev(
+            1,
+            SessionEvent::Command {
+                id,
+                text: "delete abc".into(),
+            },
+        ),
+        ev(
+            2,
+            SessionEvent::CommandProgress {
+                id,
+                note: "DELETE /instance/abc sent".into(),
+            },
+        ),
+        ev(
+            3,
+            SessionEvent::CommandOutcome {
+                id,
+                status: CommandStatus::Uncertain,
+                detail: "no answer within 5 s".into(),
+            },
+        ),
+    ]);
+    let track = model.commands().get(&id).expect("command");
+    assert_eq!(track.notes, ["DELETE /instance/abc sent"]);
+    assert_eq!(
+        track.outcome,
+        Some((CommandStatus::Uncertain, "no answer within 5 s".into()))
+    );
+    let last = model.events().last().expect("line");
+    assert_eq!(last.level, Level::Unknown);
+    assert_eq!(
+        last.text,
+        "« delete abc (#7): uncertain: no answer within 5 s"
+    );
+}
+
+#[test]
+fn repeated_snapshots_do_not_add_history_and_route_gone_removes() {
+    let mut model = model_of(&SCENARIO);
+    let history = |m: &Model| {
+        m.views()
+            .pages
+            .iter()
+            .find(|p| p.worker.as_str() == "gpu-a")
+            .map(|p| p.history.len())
+    };
+    let before = history(&model);
+    let records = fixtures::sim_records().expect("records");
+    let workers = vec![fixtures::observation("gpu-a", ALPHA, 4096, 40, 24)];
+    model.apply(&ev(
+        25_010,
+        SessionEvent::Feed {
+            source: "router".into(),
+            message: FeedMessage::Snapshot {
+                at: Millis(1),
+                workers,
+                routes: records,
+            },
+        },
+    ));
+    model.settle();
+    assert_eq!(history(&model), before);
+    // the snapshot dropped the workers it no longer lists
+    assert_eq!(model.views().pages.len(), 1);
+    for r in ["request-1", "request-3", "request-5"] {
+        model.apply(&ev(
+            25_020,
+            SessionEvent::Feed {
+                source: "router".into(),
+                message: FeedMessage::RouteGone {
+                    at: Millis(2),
+                    request: r.into(),
+                },
+            },
+        ));
+    }
+    let mut left: Vec<&str> = model.routes().iter().map(|r| r.request.as_str()).collect();
+    left.sort_unstable();
+    assert_eq!(left, ["request-2", "request-4"]);
+    assert!(model.route(&"router".into(), &"request-4".into()).is_some());
+}
+
+#[test]
+fn time_never_moves_backwards() {
+    let mut model = Model::default();
+    model.apply(&ev(500, SessionEvent::Note { text: "a".into() }));
+    model.apply(&ev(100, SessionEvent::Note { text: "b".into() }));
+    assert_eq!(model.now(), Millis(500));
+    assert_eq!(model.events().last().map(|e| e.at), Some(Millis(500)));
+}
+
+#[test]
+fn the_event_log_is_bounded() {
+    let mut model = Model::new(ModelConfig {
+        event_log_len: 10,
+        ..ModelConfig::default()
+    });
+    for i in 0..100 {
+        model.apply(&ev(
+            i,
+            SessionEvent::Note {
+                text: format!("n{i}"),
+            },
+        ));
+    }
+    assert!(model.events().len() <= 13);
+    assert_eq!(model.events().last().map(|e| e.seq), Some(100));
+}

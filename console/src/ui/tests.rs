@@ -1,0 +1,190 @@
+//! Snapshots of every panel at 120×40 and 80×24 in the dark and high-contrast themes,
+//! and of the overlays, from the fixture scenarios (Skulk 1.3.0 captures, simulated
+//! decision records). Each snapshot holds the text and the styles of every cell.
+
+use std::sync::LazyLock;
+
+use den_protocol::time::Millis;
+
+use crate::app::{Action, App, Panel};
+use crate::fixtures::{self, SCENARIO_NOW};
+use crate::model::Model;
+use crate::testing::{draw, model_of, styled};
+use crate::theme::Theme;
+
+static SCENARIO: LazyLock<Model> =
+    LazyLock::new(|| model_of(&fixtures::scenario().expect("fixture scenario")));
+
+fn frame(app: &mut App, model: &Model, theme: &str, now: Millis, w: u16, h: u16) -> String {
+    let theme = Theme::built_in(theme).expect("built-in theme");
+    styled(&draw(app, model, &theme, now, w, h))
+}
+
+fn panel(panel: Panel, theme: &str, w: u16, h: u16) -> String {
+    let mut app = App::focused(panel);
+    frame(&mut app, &SCENARIO, theme, SCENARIO_NOW, w, h)
+}
+
+macro_rules! panel_snapshots {
+    ($($name:ident => $panel:expr),* $(,)?) => {
+        $(
+            mod $name {
+                use super::*;
+
+                #[test]
+                fn dark_120x40() {
+                    insta::assert_snapshot!(panel($panel, "dark", 120, 40));
+                }
+
+                #[test]
+                fn dark_80x24() {
+                    insta::assert_snapshot!(panel($panel, "dark", 80, 24));
+                }
+
+                #[test]
+                fn high_contrast_120x40() {
+                    insta::assert_snapshot!(panel($panel, "high-contrast", 120, 40));
+                }
+
+                #[test]
+                fn high_contrast_80x24() {
+                    insta::assert_snapshot!(panel($panel, "high-contrast", 80, 24));
+                }
+            }
+        )*
+    };
+}
+
+panel_snapshots! {
+    nodes => Panel::Nodes,
+    downloads => Panel::Downloads,
+    instances => Panel::Instances,
+    pages => Panel::Pages,
+    routes => Panel::Routes,
+    events => Panel::Events,
+}
+
+fn act(app: &mut App, model: &Model, actions: impl IntoIterator<Item = Action>) {
+    for a in actions {
+        app.prepare(model);
+        app.update(a, model);
+    }
+}
+
+fn typed(text: &str) -> Vec<Action> {
+    text.chars().map(Action::Input).collect()
+}
+
+#[test]
+fn help_overlay_for_routes() {
+    let mut app = App::focused(Panel::Routes);
+    act(&mut app, &SCENARIO, [Action::Help]);
+    insta::assert_snapshot!(frame(&mut app, &SCENARIO, "dark", SCENARIO_NOW, 120, 40));
+}
+
+#[test]
+fn palette_with_completion() {
+    let mut app = App::focused(Panel::Instances);
+    let mut actions = vec![Action::StartPalette];
+    actions.extend(typed("delete "));
+    actions.push(Action::Complete);
+    act(&mut app, &SCENARIO, actions);
+    insta::assert_snapshot!(frame(&mut app, &SCENARIO, "dark", SCENARIO_NOW, 120, 40));
+}
+
+#[test]
+fn confirm_dialog_for_delete() {
+    let mut app = App::focused(Panel::Instances);
+    act(&mut app, &SCENARIO, [Action::RowCommand]);
+    insta::assert_snapshot!(frame(&mut app, &SCENARIO, "dark", SCENARIO_NOW, 120, 40));
+}
+
+#[test]
+fn read_only_refusal_in_the_footer() {
+    let mut app = App::new(true, Some("session.den".into()));
+    app.focus = Panel::Routes;
+    act(&mut app, &SCENARIO, [Action::RowCommand]);
+    insta::assert_snapshot!(frame(&mut app, &SCENARIO, "dark", SCENARIO_NOW, 80, 24));
+}
+
+#[test]
+fn route_detail_shows_every_candidate_and_attempt() {
+    let mut app = App::focused(Panel::Routes);
+    let mut actions = vec![Action::StartFilter];
+    actions.extend(typed("request-2"));
+    actions.extend([Action::Submit, Action::Enter]);
+    act(&mut app, &SCENARIO, actions);
+    insta::assert_snapshot!(frame(&mut app, &SCENARIO, "dark", SCENARIO_NOW, 120, 40));
+}
+
+#[test]
+fn instance_detail_lists_reasons_and_evidence() {
+    let mut app = App::focused(Panel::Instances);
+    act(&mut app, &SCENARIO, [Action::Bottom, Action::Enter]);
+    insta::assert_snapshot!(frame(
+        &mut app,
+        &SCENARIO,
+        "high-contrast",
+        SCENARIO_NOW,
+        120,
+        40
+    ));
+}
+
+#[test]
+fn run_c_capture_instances_and_downloads() {
+    let model = model_of(&fixtures::run_c_scenario().expect("runC"));
+    let now = Millis(24_100);
+    let mut out = String::new();
+    for p in [Panel::Instances, Panel::Downloads, Panel::Nodes] {
+        let mut app = App::focused(p);
+        out.push_str(&crate::testing::text(&draw(
+            &mut app,
+            &model,
+            &Theme::default(),
+            now,
+            120,
+            16,
+        )));
+    }
+    insta::assert_snapshot!(out);
+}
+
+#[test]
+fn no_sources_explains_what_to_do() {
+    let mut app = App::default();
+    insta::assert_snapshot!(frame(
+        &mut app,
+        &Model::default(),
+        "dark",
+        Millis(0),
+        80,
+        24
+    ));
+}
+
+#[test]
+fn stale_rows_are_drawn_aged() {
+    // gpu-c's last heartbeat is 20 s old: its row uses the stale style, gpu-a's does not.
+    let theme = Theme::default();
+    let mut app = App::focused(Panel::Pages);
+    let buf = draw(&mut app, &SCENARIO, &theme, SCENARIO_NOW, 120, 40);
+    let row_of = |name: &str| {
+        (0..buf.area.height)
+            .find(|y| {
+                (0..buf.area.width)
+                    .map(|x| buf.cell((x, *y)).map_or("", |c| c.symbol()))
+                    .collect::<String>()
+                    .contains(name)
+            })
+            .expect("row")
+    };
+    let fg_at = |y: u16, x: u16| buf.cell((x, y)).map(|c| c.fg);
+    let stale = theme.stale().fg;
+    // column 5 is inside the WORKER cell
+    assert_eq!(fg_at(row_of("gpu-c"), 5), stale);
+    assert_ne!(fg_at(row_of("gpu-b"), 5), stale);
+    // the same frame drawn again is identical (no clock inside)
+    let again = draw(&mut app, &SCENARIO, &theme, SCENARIO_NOW, 120, 40);
+    assert_eq!(buf, again);
+}
