@@ -6,11 +6,13 @@
 //! the server refused, failed; one that may have reached it without an answer (a
 //! timeout after sending, a 5xx) is uncertain — look at the cluster before retrying.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use den_protocol::placement::TransportFailure;
+use den_protocol::ids::NodeId;
+use den_protocol::placement::{TransportFailure, WorkflowConfig};
 use den_protocol::session::{CommandSeq, CommandStatus, SessionEvent, SourceId, SourceKind};
 use den_protocol::skulk::error::ApiError;
 use den_protocol::skulk::http::percent_encode;
@@ -19,11 +21,17 @@ use den_protocol::skulk::{HttpIntent, InstanceId, Method};
 use crate::app::Command;
 use crate::config::SourceSpec;
 use crate::http::{HttpAnswer, ManagementClient, UrlError};
+use crate::place::{
+    DEFAULT_PROBE_TIMEOUT, PlaceArgs, Progress, ProgressSink, default_fence_dir, exit_code_of,
+    place_with,
+};
 
 /// Where commands go: the den router for cancel/drain, a management API for delete.
 #[derive(Debug, Clone, Default)]
 pub struct Targets {
     pub router: Option<(SourceId, ManagementClient)>,
+    /// Where placements keep their submission fences.
+    pub fence_dir: PathBuf,
     /// Management APIs in configuration order (a den router last: it serves one too).
     pub management: Vec<(SourceId, ManagementClient)>,
 }
@@ -34,7 +42,12 @@ impl Targets {
         token: Option<&str>,
         timeout: Duration,
     ) -> Result<Targets, UrlError> {
-        let mut targets = Targets::default();
+        let mut targets = Targets {
+            // No state or data directory (unusual): fences go under the working directory.
+            fence_dir: default_fence_dir()
+                .unwrap_or_else(|| PathBuf::from(".den-placement-fences")),
+            ..Targets::default()
+        };
         for spec in specs {
             let client = ManagementClient::new(&spec.url, token.map(str::to_owned), timeout)?;
             match spec.kind {
@@ -58,6 +71,64 @@ impl Targets {
             .and_then(|p| self.management.iter().find(|(id, _)| id == p))
             .or_else(|| self.management.first())
     }
+}
+
+/// `place MODEL [NODE…]`: the placement runtime end to end (requirements → previews →
+/// exact selection → fence → submit → reconcile → probe). The operator already confirmed
+/// (palette confirmation or `den place` without `--yes` asking first).
+async fn place(
+    model: &str,
+    nodes: &[String],
+    target: Option<&(SourceId, ManagementClient)>,
+    targets: &Targets,
+    tx: &mpsc::Sender<SessionEvent>,
+    id: CommandSeq,
+) -> Finished {
+    let Some((source, client)) = target else {
+        return Finished {
+            status: CommandStatus::Failed,
+            detail: "place needs a management API (--skulk or --router)".to_owned(),
+        };
+    };
+    let _ = tx
+        .send(SessionEvent::CommandProgress {
+            id,
+            note: format!("placing {model} through {source} ({})", client.origin()),
+        })
+        .await;
+    let progress_tx = tx.clone();
+    let sink = ProgressSink::from_fn(move |note| {
+        // Evidence after every poll is for the placement's own report, not the log.
+        if matches!(note.event, Progress::Evidence(_) | Progress::Waiting { .. }) {
+            return;
+        }
+        let _ = progress_tx.try_send(SessionEvent::CommandProgress {
+            id,
+            note: note.event.to_string(),
+        });
+    });
+    let mut args = PlaceArgs::new(model);
+    args.nodes = nodes.iter().map(|n| NodeId::new(n.as_str())).collect();
+    let result = place_with(
+        client.clone(),
+        &targets.fence_dir,
+        &WorkflowConfig::default(),
+        DEFAULT_PROBE_TIMEOUT,
+        args,
+        sink,
+        None,
+    )
+    .await;
+    let status = match exit_code_of(&result) {
+        0 => CommandStatus::Ok,
+        2 => CommandStatus::Uncertain,
+        _ => CommandStatus::Failed,
+    };
+    let detail = match &result {
+        Ok(outcome) => outcome.to_string(),
+        Err(e) => format!("place {model}: {e}"),
+    };
+    Finished { status, detail }
 }
 
 /// How a command ended, for the caller (and the exit code of a subcommand).
@@ -113,14 +184,17 @@ pub async fn execute(
             )
             .await
         }
-        // INTEGRATION(place): the placement runtime (`crate::place`, being written) runs
-        // the protocol's PlacementWorkflow here: requirements → previews → choose →
-        // confirm → fence → submit → reconcile, reporting each step as CommandProgress
-        // and ending Placed/Failed/Uncertain. Until it lands, placing is refused.
-        Command::Place { .. } => Finished {
-            status: CommandStatus::Failed,
-            detail: "place: not yet available in this build".to_owned(),
-        },
+        Command::Place { model, nodes } => {
+            place(
+                model,
+                nodes,
+                targets.management_for(preferred.as_ref()),
+                targets,
+                tx,
+                id,
+            )
+            .await
+        }
         other => Finished {
             status: CommandStatus::Failed,
             detail: format!("`{other}` is not a cluster command"),
@@ -258,7 +332,9 @@ mod tests {
             kind: SourceKind::DenRouter,
             url: "http://127.0.0.1:9".into(),
         };
-        let targets = Targets::new(&[spec], None, Duration::from_secs(2)).unwrap();
+        let mut targets = Targets::new(&[spec], None, Duration::from_secs(2)).unwrap();
+        let fences = tempfile::tempdir().unwrap();
+        targets.fence_dir = fences.path().join("fences");
         let done = execute(
             CommandSeq(1),
             Command::Cancel {
@@ -295,7 +371,11 @@ mod tests {
             &tx,
         )
         .await;
-        assert_eq!(placed.detail, "place: not yet available in this build");
+        // The management API is unreachable: the placement fails before anything is
+        // written or sent.
+        assert_eq!(placed.status, CommandStatus::Failed, "{}", placed.detail);
+        assert!(placed.detail.contains("place m"), "{}", placed.detail);
+        assert!(!targets.fence_dir.exists());
         let no_router = Targets::default();
         let drained = execute(
             CommandSeq(3),

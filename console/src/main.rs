@@ -48,9 +48,14 @@ fn main() -> ExitCode {
             Some(Sub::Place {
                 model,
                 nodes,
-                yes: _,
+                yes,
                 json,
-            }) => status::command(&settings, Command::Place { model, nodes }, json).await,
+            }) => {
+                if !yes && !confirm_on_terminal(&model, &nodes) {
+                    return ExitCode::from(1);
+                }
+                status::command(&settings, Command::Place { model, nodes }, json).await
+            }
             Some(Sub::Delete { instance }) => {
                 status::command(&settings, Command::Delete { instance }, false).await
             }
@@ -62,4 +67,32 @@ fn main() -> ExitCode {
             }
         }
     })
+}
+
+/// Asks before a placement is submitted (placements start downloads and claim memory).
+/// Without a terminal to ask on, refuses: scripts pass `--yes`.
+fn confirm_on_terminal(model: &str, nodes: &[String]) -> bool {
+    use std::io::{BufRead, IsTerminal, Write};
+    if !std::io::stdin().is_terminal() {
+        eprintln!(
+            "den place: refusing to submit without confirmation: pass --yes (stdin is not a terminal)"
+        );
+        return false;
+    }
+    let target = if nodes.is_empty() {
+        "the management node".to_owned()
+    } else {
+        nodes.join(", ")
+    };
+    eprint!("Place {model} on {target}? A submission fence is written first. [y/N] ");
+    let _ = std::io::stderr().flush();
+    let mut answer = String::new();
+    if std::io::stdin().lock().read_line(&mut answer).is_err() {
+        return false;
+    }
+    let yes = matches!(answer.trim(), "y" | "Y" | "yes");
+    if !yes {
+        eprintln!("den place: not submitted");
+    }
+    yes
 }

@@ -94,12 +94,6 @@ impl PlaceOptions {
             self.request_timeout,
         )?)
     }
-
-    fn driver(&self, client: ManagementClient) -> Result<PlaceDriver, PlaceError> {
-        let store = FenceStore::open(&self.fence_dir)?;
-        Ok(PlaceDriver::new(client, store, self.workflow.clone())
-            .with_probe_timeout(self.probe_timeout))
-    }
 }
 
 /// What `den place` asks for.
@@ -138,12 +132,37 @@ pub async fn place(
     confirm: Option<Arc<ConfirmFn>>,
 ) -> Result<Outcome, PlaceError> {
     let client = options.client()?;
+    place_with(
+        client,
+        &options.fence_dir,
+        &options.workflow,
+        options.probe_timeout,
+        args,
+        progress,
+        confirm,
+    )
+    .await
+}
+
+/// [`place`] through an existing client (the console's configured management source).
+pub async fn place_with(
+    client: ManagementClient,
+    fence_dir: &Path,
+    workflow: &WorkflowConfig,
+    probe_timeout: Duration,
+    args: PlaceArgs,
+    progress: ProgressSink,
+    confirm: Option<Arc<ConfirmFn>>,
+) -> Result<Outcome, PlaceError> {
     let nodes: BTreeSet<NodeId> = if args.nodes.is_empty() {
         BTreeSet::from([own_node(&client).await?])
     } else {
         args.nodes.into_iter().collect()
     };
-    let mut driver = options.driver(client)?.with_progress(progress);
+    let store = FenceStore::open(fence_dir)?;
+    let mut driver = PlaceDriver::new(client, store, workflow.clone())
+        .with_probe_timeout(probe_timeout)
+        .with_progress(progress);
     if let Some(confirm) = confirm {
         driver = driver.with_confirmation(confirm);
     }
