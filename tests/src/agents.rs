@@ -148,10 +148,13 @@ impl Drop for Proc {
             );
         }
         // A stopped process must be continued to die promptly from SIGKILL's cleanup.
-        let _ = Command::new("kill")
-            .arg("-CONT")
-            .arg(self.child.id().to_string())
-            .status();
+        if let Ok(None) = self.child.try_wait() {
+            let _ = Command::new("kill")
+                .arg("-CONT")
+                .arg(self.child.id().to_string())
+                .stderr(Stdio::null())
+                .status();
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -185,8 +188,13 @@ pub struct Worker {
 
 /// Start a router on a free loopback port with `--chunk-size 16` and `extra` arguments.
 pub fn start_router(token: Option<&str>, extra: &[&str]) -> Router {
+    start_router_at("127.0.0.1:0", token, extra)
+}
+
+/// Start a router on `listen` (e.g. the address of a router that was killed).
+pub fn start_router_at(listen: &str, token: Option<&str>, extra: &[&str]) -> Router {
     let dir = tempfile::tempdir().expect("temp dir");
-    let mut args: Vec<String> = ["router", "--listen", "127.0.0.1:0", "--chunk-size", "16"]
+    let mut args: Vec<String> = ["router", "--listen", listen, "--chunk-size", "16"]
         .iter()
         .map(|s| s.to_string())
         .collect();
