@@ -38,7 +38,7 @@ async fn agents_request_served_then_prefix_reused_from_gpu_and_ram() {
         Duration::from_secs(10),
         || async {
             let obs = router.observation(&served).await?;
-            (obs["gpu_prefixes"].as_array()?.len() > 0).then_some(())
+            (!obs["gpu_prefixes"].as_array()?.is_empty()).then_some(())
         },
     )
     .await;

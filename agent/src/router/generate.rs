@@ -31,7 +31,7 @@ use den_protocol::router::{Delivery, DeliveryKind};
 
 use crate::engine::{detokenize, tokenize};
 use crate::router::RouterHandle;
-use crate::router::http::{authorize, error};
+use crate::router::http::{error, unauthorized};
 use crate::serving::{DeliveryStream, SubmitError, Submitter};
 
 #[derive(Debug, Deserialize)]
@@ -63,7 +63,7 @@ pub async fn generate(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    if let Err(r) = authorize(&handle, &headers) {
+    if let Some(r) = unauthorized(&handle, &headers) {
         return r;
     }
     let body: GenerateBody = match serde_json::from_slice(&body) {

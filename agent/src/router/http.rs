@@ -33,20 +33,22 @@ pub fn routes(handle: RouterHandle) -> Router {
         .with_state(handle)
 }
 
-/// `Err(response)` when the request does not carry the shared token.
-pub fn authorize(handle: &RouterHandle, headers: &HeaderMap) -> Result<(), Response> {
+/// The 401 response when the request does not carry the shared token, else `None`.
+pub fn unauthorized(handle: &RouterHandle, headers: &HeaderMap) -> Option<Response> {
     let presented = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
-    auth::check(handle.options().token.as_ref(), presented).map_err(|e| {
-        handle.metrics().counter_add(
-            "den_router_unauthorized_total",
-            "Requests refused for a missing or wrong token.",
-            &[],
-            1.0,
-        );
-        error(StatusCode::UNAUTHORIZED, &e.to_string())
-    })
+    auth::check(handle.options().token.as_ref(), presented)
+        .err()
+        .map(|e| {
+            handle.metrics().counter_add(
+                "den_router_unauthorized_total",
+                "Requests refused for a missing or wrong token.",
+                &[],
+                1.0,
+            );
+            error(StatusCode::UNAUTHORIZED, &e.to_string())
+        })
 }
 
 /// A JSON error body.
@@ -59,7 +61,7 @@ async fn agents(
     headers: HeaderMap,
     ws: WebSocketUpgrade,
 ) -> Response {
-    if let Err(r) = authorize(&handle, &headers) {
+    if let Some(r) = unauthorized(&handle, &headers) {
         return r;
     }
     let max = handle.options().max_frame;
@@ -76,7 +78,7 @@ async fn console(
     headers: HeaderMap,
     ws: WebSocketUpgrade,
 ) -> Response {
-    if let Err(r) = authorize(&handle, &headers) {
+    if let Some(r) = unauthorized(&handle, &headers) {
         return r;
     }
     ws.on_upgrade(move |socket| feed::serve(socket, handle))
@@ -87,7 +89,7 @@ async fn record(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Response {
-    if let Err(r) = authorize(&handle, &headers) {
+    if let Some(r) = unauthorized(&handle, &headers) {
         return r;
     }
     match handle.record(&RequestId::new(id.clone())).await {
@@ -104,7 +106,7 @@ async fn cancel(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Response {
-    if let Err(r) = authorize(&handle, &headers) {
+    if let Some(r) = unauthorized(&handle, &headers) {
         return r;
     }
     let id = RequestId::new(id);
@@ -120,7 +122,7 @@ async fn cancel(
 }
 
 async fn workers(State(handle): State<RouterHandle>, headers: HeaderMap) -> Response {
-    if let Err(r) = authorize(&handle, &headers) {
+    if let Some(r) = unauthorized(&handle, &headers) {
         return r;
     }
     Json(handle.workers().await).into_response()
@@ -148,7 +150,7 @@ async fn set_drain(
     id: String,
     draining: bool,
 ) -> Response {
-    if let Err(r) = authorize(&handle, &headers) {
+    if let Some(r) = unauthorized(&handle, &headers) {
         return r;
     }
     let worker = WorkerId::new(id);

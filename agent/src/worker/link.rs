@@ -235,11 +235,8 @@ async fn session(
                 break format!("refused by the router ({:?}): {}", r.reason, r.detail);
             }
             Some(Ok(message)) => {
-                if events
-                    .send(LinkEvent::Inbound { conn, message })
-                    .await
-                    .is_err()
-                {
+                let sent = events.send(LinkEvent::Inbound { conn, message }).await;
+                if sent.is_err() {
                     break "worker is shutting down".to_owned();
                 }
             }

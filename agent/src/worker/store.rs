@@ -149,11 +149,10 @@ impl ChunkIndex {
     /// (none when the chunk was never recorded in that tier).
     pub fn forget(&mut self, key: &ChunkKey, tier: Tier) -> Option<RetractedChunk> {
         let e = self.chunks.get_mut(key)?;
-        let had = if tier == Tier::Object {
-            std::mem::replace(&mut e.entry.object, false)
-        } else {
-            e.tiers.remove(&tier)
-        };
+        let mut had = e.tiers.remove(&tier);
+        if tier == Tier::Object {
+            had |= std::mem::replace(&mut e.entry.object, false);
+        }
         let out = had.then(|| RetractedChunk {
             model: e.entry.model.clone(),
             hash: e.entry.hash,
