@@ -214,3 +214,31 @@ async fn agents_sigterm_drains_in_flight_work_then_exits() {
         1.0
     );
 }
+
+#[test]
+fn agents_local_runs_a_cluster_and_a_shared_prefix_workload() {
+    let (code, out, err) = run(
+        &[
+            "local",
+            "--workers",
+            "3",
+            "--requests",
+            "24",
+            "--duration",
+            "60s",
+        ],
+        &[("DEN_LOG", "warn")],
+    );
+    assert_eq!(code, Some(0), "stdout:\n{out}\nstderr:\n{err}");
+    assert!(out.contains("requests: 24 completed, 0 failed"), "{out}");
+    assert!(out.contains("TTFT ms: mean"), "{out}");
+    let cached: f64 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("cache: "))
+        .and_then(|l| l.split('(').nth(1))
+        .and_then(|l| l.split(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no cache line in {out}"));
+    assert!(cached > 0.0, "shared prefixes were reused: {out}");
+    assert!(out.contains("served by: w-"), "{out}");
+}

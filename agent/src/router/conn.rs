@@ -8,6 +8,7 @@
 //! closed (the worker is detached like on any disconnect). Other connections are never
 //! affected.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::ws::{CloseFrame, Message, WebSocket};
@@ -101,15 +102,15 @@ pub async fn serve(socket: WebSocket, handle: RouterHandle) {
                         return;
                     }
                 }
-                Outbound::Close(detail) => {
+                Outbound::Refuse { reason, detail } => {
                     metrics.counter_add(
                         "den_router_refused_total",
                         "Worker connections refused or closed for a protocol violation, by reason.",
-                        &[("reason", "malformed")],
+                        &[("reason", reason_label(reason))],
                         1.0,
                     );
                     let refused = RouterHandshake::Refused(Refused {
-                        reason: RefusalReason::Malformed,
+                        reason,
                         detail: detail.clone(),
                     });
                     let _ = send_frame(&mut sink, &refused).await;
@@ -144,15 +145,19 @@ pub async fn serve(socket: WebSocket, handle: RouterHandle) {
         };
         match decode_for_router(bytes, max_frame) {
             Ok(ToRouter::Hello(_)) => {
-                let _ = outbound.try_send(Outbound::Close(
-                    "hello may be sent only once per connection".into(),
-                ));
+                let _ = outbound.try_send(Outbound::Refuse {
+                    reason: RefusalReason::Malformed,
+                    detail: "hello may be sent only once per connection".into(),
+                });
                 break;
             }
             Ok(frame) => handle.send(Command::Frame { conn, frame }).await,
             Err(e) => {
                 tracing::warn!(worker = %hello.worker_id, conn = conn.0, "closing the connection: {e}");
-                let _ = outbound.try_send(Outbound::Close(e.to_string()));
+                let _ = outbound.try_send(Outbound::Refuse {
+                    reason: reason_of(&e),
+                    detail: e.to_string(),
+                });
                 break;
             }
         }
@@ -162,24 +167,16 @@ pub async fn serve(socket: WebSocket, handle: RouterHandle) {
     let _ = tokio::time::timeout(Duration::from_secs(5), writer).await;
 }
 
-use std::sync::Arc;
-
 /// Answer the handshake with `refused` and close.
 async fn refuse<S>(handle: &RouterHandle, sink: &mut S, reason: RefusalReason, detail: String)
 where
     S: SinkExt<Message> + Unpin,
 {
     tracing::warn!(?reason, "refusing a worker connection: {detail}");
-    let label = match reason {
-        RefusalReason::UnsupportedVersion => "unsupported-version",
-        RefusalReason::Unauthorized => "unauthorized",
-        RefusalReason::Malformed => "malformed",
-        RefusalReason::Shutdown => "shutdown",
-    };
     handle.metrics().counter_add(
         "den_router_refused_total",
         "Worker connections refused or closed for a protocol violation, by reason.",
-        &[("reason", label)],
+        &[("reason", reason_label(reason))],
         1.0,
     );
     let frame = RouterHandshake::Refused(Refused {
@@ -210,6 +207,15 @@ fn frame_bytes(msg: &Message) -> Option<&[u8]> {
         Message::Text(t) => Some(t.as_str().as_bytes()),
         Message::Binary(b) => Some(b),
         _ => None,
+    }
+}
+
+fn reason_label(reason: RefusalReason) -> &'static str {
+    match reason {
+        RefusalReason::UnsupportedVersion => "unsupported-version",
+        RefusalReason::Unauthorized => "unauthorized",
+        RefusalReason::Malformed => "malformed",
+        RefusalReason::Shutdown => "shutdown",
     }
 }
 

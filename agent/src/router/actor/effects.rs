@@ -59,9 +59,11 @@ impl RouterActor {
                     } else {
                         tracing::warn!(worker = %out.to, "send to worker failed; detaching it");
                         if let Some(c) = self.conns.get(&conn) {
-                            let _ = c
-                                .outbound
-                                .try_send(Outbound::Close("outbound queue full".into()));
+                            let _ = c.outbound.try_send(Outbound::Refuse {
+                                reason: RefusalReason::Malformed,
+                                detail: "the worker does not read its frames (outbound queue full)"
+                                    .into(),
+                            });
                         }
                         let effects = self.discovery.handle(
                             self.now(),
@@ -228,7 +230,18 @@ impl RouterActor {
                     self.timers.cancel(&TimerKey::Expiry(worker.clone()));
                     let inputs = self.router.unavailable_inputs(&worker);
                     self.pending.extend(inputs);
-                    if let Some(node) = self.conns.get(&connection).map(|c| c.node.clone()) {
+                    // A worker that merely missed heartbeats may come back on the same
+                    // connection with its tiers intact (it republishes only on reconnect),
+                    // so only a lost connection drops the node's replicas. Stale replicas
+                    // of a dead node are harmless: candidates come from live workers only,
+                    // and a missing chunk is retracted and recomputed.
+                    let lost = reason != DetachReason::HeartbeatExpired;
+                    if let Some(node) = self
+                        .conns
+                        .get(&connection)
+                        .filter(|_| lost)
+                        .map(|c| c.node.clone())
+                    {
                         let still_there = self
                             .discovery
                             .registry()

@@ -31,7 +31,9 @@ use den_protocol::candidates::{Catalog, candidates_for};
 use den_protocol::decision::{
     AttemptOutcome, DecisionEvent, DecisionEventKind, DecisionRecord, TerminalOutcome,
 };
-use den_protocol::discovery::{ConnectionId, Discovery, DiscoveryEffect, DiscoveryInput};
+use den_protocol::discovery::{
+    ConnectionId, DetachReason, Discovery, DiscoveryEffect, DiscoveryInput,
+};
 use den_protocol::feed::{FEED_VERSION, FeedMessage, encode as encode_feed};
 use den_protocol::ids::{NodeId, RequestId, WorkerId};
 use den_protocol::observation::Observation;
@@ -41,7 +43,7 @@ use den_protocol::router::{
 };
 use den_protocol::time::Millis;
 use den_protocol::wire::{
-    Control, ControlToWorker, RouterMessage, ToRouter, WorkerMessage, encode,
+    Control, ControlToWorker, RefusalReason, RouterMessage, ToRouter, WorkerMessage, encode,
 };
 
 use crate::metrics::{LATENCY_MS_BUCKETS, Metrics};
@@ -56,8 +58,11 @@ mod report;
 #[derive(Debug)]
 pub enum Outbound {
     Frame(String),
-    /// Send this `refused` frame, then close.
-    Close(String),
+    /// Send a `refused` frame with this reason and one-line detail, then close.
+    Refuse {
+        reason: RefusalReason,
+        detail: String,
+    },
 }
 
 /// What a new console subscriber gets: `hello` and a snapshot, then the live stream.
@@ -216,9 +221,10 @@ impl RouterActor {
             }
         }
         for conn in self.conns.values() {
-            let _ = conn
-                .outbound
-                .try_send(Outbound::Close("the router is shutting down".into()));
+            let _ = conn.outbound.try_send(Outbound::Refuse {
+                reason: RefusalReason::Shutdown,
+                detail: "the router is shutting down".into(),
+            });
         }
         self.shared.closing.send_replace(true);
         if let Some((_, reply)) = self.shutdown.take() {
@@ -301,14 +307,15 @@ impl RouterActor {
             }
             Command::Frame { conn, frame } => self.on_frame(conn, frame),
             Command::Disconnected { conn } => {
-                if let Some(info) = self.conns.remove(&conn) {
-                    tracing::info!(worker = %info.worker, conn = conn.0, "worker connection closed");
-                }
+                // Detach first: it needs the connection's node to drop its replicas.
                 let effects = self.discovery.handle(
                     self.now(),
                     DiscoveryInput::Disconnected { connection: conn },
                 );
                 self.apply_discovery(effects);
+                if let Some(info) = self.conns.remove(&conn) {
+                    tracing::info!(worker = %info.worker, conn = conn.0, "worker connection closed");
+                }
             }
             Command::Drain {
                 worker,
@@ -472,7 +479,10 @@ impl RouterActor {
     fn refuse(&mut self, conn: ConnectionId, detail: String) {
         tracing::warn!(conn = conn.0, "refusing a worker connection: {detail}");
         if let Some(c) = self.conns.get(&conn) {
-            let _ = c.outbound.try_send(Outbound::Close(detail));
+            let _ = c.outbound.try_send(Outbound::Refuse {
+                reason: RefusalReason::Malformed,
+                detail,
+            });
         }
     }
 
