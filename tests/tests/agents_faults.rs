@@ -193,7 +193,7 @@ async fn agents_worker_killed_after_first_delta_gives_one_clean_error_and_no_ret
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_directed_partition_times_out_the_offer_cancels_and_falls_back() {
-    let router = start_router(None, &["--offer-timeout", "300ms"]);
+    let router = start_router(None, &["--offer-timeout", "1s"]);
     let a = start_worker(&router, "w-a", true, COSTS);
     let b = start_worker(&router, "w-b", true, COSTS);
     router.wait_workers(&["w-a", "w-b"]).await;

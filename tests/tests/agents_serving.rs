@@ -177,4 +177,30 @@ async fn agents_client_disconnect_cancels_and_frees_exactly_the_reserved_pages()
         metric(&rm, "den_requests_total", &[("outcome", "cancelled")]),
         1.0
     );
+
+    // An explicit cancel (POST /v1/requests/{id}/cancel) ends the stream with one
+    // `cancelled` line and frees the pages the same way.
+    let mut s = router.stream(body("c2", &prompt(3, 41), 200)).await;
+    assert_eq!(s.next_line().await.unwrap()["type"], "delta");
+    let resp = router.post("/v1/requests/c2/cancel").await;
+    assert_eq!(resp.status(), 202);
+    while s.next_line().await.is_some() {}
+    let g = s.finish();
+    assert_eq!(g.kind(), "cancelled", "{:?}", g.terminal);
+    wait_for(
+        "the worker to release c2",
+        Duration::from_secs(10),
+        || async {
+            let s = w.status().await;
+            (s["assignments"] == 0).then_some(())
+        },
+    )
+    .await;
+    let after = w.status().await;
+    assert_eq!(
+        after["pool"]["free"].as_u64().unwrap(),
+        free_before,
+        "{after}"
+    );
+    assert_eq!(router.post("/v1/requests/nope/cancel").await.status(), 404);
 }
