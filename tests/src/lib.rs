@@ -7,6 +7,7 @@
 //! - [`script`], [`fixture_server`] and [`fixture_client`]: the Skulk-compatible fixture
 //!   server (`skulk-fixture-server --script FILE [--listen ADDR] [--var NAME=VALUE]...`),
 //!   its script format, and [`FixtureServer`] to start it and read back what it received.
+//! - [`agents`]: starting den's router and workers for end-to-end tests.
 //! - Below: [`wait_until`] / [`wait_until_async`] polling, [`free_port`], [`temp_dir`],
 //!   and paths of the vendored fixtures ([`fixtures_dir`]).
 //!
@@ -23,6 +24,7 @@
 //! cargo builds this crate's binaries before its integration tests and names them that
 //! way. Other binaries (`den`, `den-agent`) are found with [`binary`].
 
+pub mod agents;
 pub mod fixture_client;
 pub mod fixture_server;
 pub mod process;
