@@ -19,6 +19,7 @@ pub mod theme;
 pub mod ui;
 
 pub mod config;
+pub mod demo;
 pub mod exec;
 pub mod sources;
 pub mod status;
