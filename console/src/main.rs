@@ -134,7 +134,7 @@ async fn demo(
         }
     };
     eprintln!("den demo: router on {}", demo.router_url);
-    let code = if headless {
+    if headless {
         let report = tokio::task::spawn_blocking(move || {
             let r = demo.wait_workload();
             demo.stop();
@@ -163,6 +163,5 @@ async fn demo(
                 ExitCode::from(1)
             }
         }
-    };
-    code
+    }
 }
