@@ -19,13 +19,18 @@
 //!
 //! The queue estimate ([`QueueModel`]) is where den's load prediction lives.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use super::cost::CostModel;
 use super::load::WorkerLoad;
+use super::plan::{PendingPrefill, replay};
 use super::policy::{FleetView, Policy, Route, RouteRequest};
 use super::worker::{Reuse, Source};
-use crate::candidate::{Candidate, Scored, Tier, TransferCapabilities, pages_for, rank_shape};
+use crate::candidate::{
+    Candidate, Scored, Tier, TransferCapabilities, offer_order, pages_for, rank_shape,
+};
 use crate::ids::{Epoch, WorkerId};
 
 /// How a worker's `queue_ms` is predicted from its observation.
@@ -53,11 +58,21 @@ pub struct DenOptions {
     /// the request until running requests release enough blocks (the worker reports when
     /// it expects them to), and that wait joins `queue_ms`.
     pub capacity_wait: bool,
+    /// v5: choose by the request's own predicted TTFT *plus* the delay it imposes on the
+    /// requests already pending on the worker: its first chunk joins their last, partly
+    /// filled prefill step and lengthens it (chunked prefill packs the token budget FCFS).
+    /// The prediction reported stays the request's own.
+    #[serde(default)]
+    pub marginal_delay: bool,
+    /// v6: each candidate's queue and the delay it imposes come from replaying the
+    /// worker's engine plan with the request added ([`super::plan`]).
+    #[serde(default)]
+    pub replay: bool,
 }
 
 impl Default for DenOptions {
     fn default() -> Self {
-        DenOptions::v4()
+        DenOptions::v6()
     }
 }
 
@@ -68,6 +83,8 @@ impl DenOptions {
             queue: QueueModel::PendingPrefill,
             link_backlog: false,
             capacity_wait: false,
+            marginal_delay: false,
+            replay: false,
         }
     }
 
@@ -95,13 +112,31 @@ impl DenOptions {
         }
     }
 
+    /// v5: v4 plus the marginal delay on the worker's pending requests.
+    pub fn v5() -> DenOptions {
+        DenOptions {
+            marginal_delay: true,
+            ..DenOptions::v4()
+        }
+    }
+
+    /// v6: v5 with queue and imposed delay from the replayed engine plan.
+    pub fn v6() -> DenOptions {
+        DenOptions {
+            replay: true,
+            ..DenOptions::v5()
+        }
+    }
+
     /// The named iteration step (`v1`, `v2`, …; `latest` is the default).
     pub fn preset(name: &str) -> Option<DenOptions> {
         match name {
             "v1" => Some(DenOptions::v1()),
             "v2" => Some(DenOptions::v2()),
             "v3" => Some(DenOptions::v3()),
-            "v4" | "latest" => Some(DenOptions::v4()),
+            "v4" => Some(DenOptions::v4()),
+            "v5" => Some(DenOptions::v5()),
+            "v6" | "latest" => Some(DenOptions::v6()),
             _ => None,
         }
     }
@@ -145,6 +180,10 @@ pub struct DecisionRecord {
     pub chosen: Scored,
     /// Each worker's best feasible candidate, in offer order (the chosen one first).
     pub ranked: Vec<Scored>,
+    /// For each of `ranked`: the delay choosing it would add to the worker's pending
+    /// requests, ms (v5 on; empty in older records).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub imposed_ms: Vec<f64>,
     pub candidates: usize,
     pub infeasible: usize,
     /// No candidate was feasible (pool full everywhere): ranked again ignoring page
@@ -211,6 +250,7 @@ impl Policy for DenPolicy {
             output_tokens: request.output_tokens,
             chosen: decision.chosen.clone(),
             ranked: decision.ranked,
+            imposed_ms: decision.imposed_ms,
             candidates: decision.candidates,
             infeasible: decision.infeasible,
             capacity_fallback: decision.capacity_fallback,
@@ -231,6 +271,8 @@ impl Policy for DenPolicy {
 pub struct Decision {
     pub chosen: Scored,
     pub ranked: Vec<Scored>,
+    /// For each of `ranked`: the delay it would add to the worker's pending requests, ms.
+    pub imposed_ms: Vec<f64>,
     pub candidates: usize,
     pub infeasible: usize,
     pub capacity_fallback: bool,
@@ -245,10 +287,14 @@ pub fn decide(
     cost: &CostModel,
     opts: &DenOptions,
 ) -> Option<Decision> {
-    let all: Vec<Candidate> = workers
-        .iter()
-        .flat_map(|w| candidates(shape, w, cost, opts))
-        .collect();
+    let mut imposed: BTreeMap<(WorkerId, u32), f64> = BTreeMap::new();
+    let mut all: Vec<Candidate> = Vec::new();
+    for w in workers {
+        for (c, delay) in priced_candidates(shape, w, cost, opts) {
+            imposed.insert((c.worker_id.clone(), c.cached_token_count), delay);
+            all.push(c);
+        }
+    }
     let count = all.len();
     let ranking = rank_shape(shape.processed(), shape.output_tokens, all.clone());
     let infeasible = ranking.infeasible.len();
@@ -267,18 +313,38 @@ pub fn decide(
     } else {
         (ranking, false)
     };
+    let delay_of = |s: &Scored| {
+        imposed
+            .get(&(
+                s.candidate.worker_id.clone(),
+                s.candidate.cached_token_count,
+            ))
+            .copied()
+            .unwrap_or(0.0)
+    };
+    let mut feasible = ranking.feasible;
+    if opts.marginal_delay {
+        // Fleet cost: the request's own TTFT plus what it adds to the pending requests'
+        // (mean TTFT is their sum); offer order breaks ties.
+        feasible.sort_by(|a, b| {
+            (a.estimate.ttft_ms + delay_of(a))
+                .total_cmp(&(b.estimate.ttft_ms + delay_of(b)))
+                .then_with(|| offer_order(a, b))
+        });
+    }
     // The record keeps the best candidate of every worker (in offer order), so it shows
     // what each worker could have offered, not only the top of one worker's list.
     let mut seen = std::collections::BTreeSet::new();
-    let ranked: Vec<Scored> = ranking
-        .feasible
+    let ranked: Vec<Scored> = feasible
         .into_iter()
         .filter(|s| seen.insert(s.candidate.worker_id.clone()))
         .collect();
+    let imposed_ms = ranked.iter().map(delay_of).collect();
     let chosen = ranked.first()?.clone();
     Some(Decision {
         chosen,
         ranked,
+        imposed_ms,
         candidates: count,
         infeasible,
         capacity_fallback,
@@ -293,8 +359,23 @@ pub fn candidates(
     cost: &CostModel,
     opts: &DenOptions,
 ) -> Vec<Candidate> {
-    let base = base_candidate(shape, w.id.clone(), &w.load, cost, opts);
-    let mut out = vec![base.clone()];
+    priced_candidates(shape, w, cost, opts)
+        .into_iter()
+        .map(|(c, _)| c)
+        .collect()
+}
+
+/// [`candidates`], each with the delay choosing it imposes on the worker's pending
+/// requests (v5/v6; 0 without `marginal_delay`).
+pub fn priced_candidates(
+    shape: &Shape,
+    w: &DenWorker,
+    cost: &CostModel,
+    opts: &DenOptions,
+) -> Vec<(Candidate, f64)> {
+    let pricer = Pricer::new(shape, &w.load, cost, opts);
+    let mut base = base_candidate(shape, w.id.clone(), &w.load, cost, opts);
+    let base_delay = pricer.price(&mut base);
     let queue = base.queue_ms;
     let mut walk = Walk::default();
     let mut steps: Vec<(Walk, Option<Source>)> = Vec::new();
@@ -304,6 +385,7 @@ pub fn candidates(
         walk.add(src, tokens, cost);
         steps.push((walk, Some(src)));
     }
+    let mut out = Vec::with_capacity(steps.len().min(8) + 1);
     for (k, &(at, src)) in steps.iter().enumerate() {
         let next = steps.get(k + 1);
         let prev = k.checked_sub(1).and_then(|p| steps.get(p));
@@ -315,15 +397,93 @@ pub fn candidates(
         let after_crossing =
             prev.is_some_and(|s| s.0.load_ms(cost, backlog) <= queue) && load_k > queue;
         if run_end || run_start || crossing || after_crossing {
-            out.push(at.candidate(&base, shape, &w.load, cost, opts));
+            let mut c = at.candidate(&base, shape, &w.load, cost, opts);
+            let delay = pricer.price(&mut c);
+            out.push((c, delay));
         }
     }
+    out.insert(0, (base, base_delay));
     if opts.capacity_wait {
-        for c in &mut out {
+        for (c, _) in &mut out {
             apply_capacity_wait(c, shape, &w.load);
         }
     }
     out
+}
+
+/// Prices one worker's candidates for one request: v6 replays the engine plan with the
+/// request added (queue and imposed delay), v5 uses the last-step model, older versions
+/// neither.
+struct Pricer<'a> {
+    shape: &'a Shape<'a>,
+    load: &'a WorkerLoad,
+    cost: &'a CostModel,
+    opts: &'a DenOptions,
+    /// v6: Σ of the pending requests' finish times without this request.
+    without_ms: Option<f64>,
+}
+
+impl<'a> Pricer<'a> {
+    fn new(
+        shape: &'a Shape<'a>,
+        load: &'a WorkerLoad,
+        cost: &'a CostModel,
+        opts: &'a DenOptions,
+    ) -> Pricer<'a> {
+        let without_ms = opts
+            .replay
+            .then(|| replay(&load.plan, cost, None).total_ms());
+        Pricer {
+            shape,
+            load,
+            cost,
+            opts,
+            without_ms,
+        }
+    }
+
+    /// Sets `c.queue_ms` from the replay (v6) and returns the delay `c` imposes.
+    fn price(&self, c: &mut Candidate) -> f64 {
+        let Some(without) = self.without_ms else {
+            return if self.opts.marginal_delay {
+                imposed_ms(self.shape, c.cached_token_count, self.load, self.cost)
+            } else {
+                0.0
+            };
+        };
+        let joiner = PendingPrefill {
+            ready_in_ms: c.prefix_load_ms + c.gpu_restore_ms,
+            done_tokens: c.cached_token_count,
+            input_tokens: self.shape.input_tokens,
+        };
+        let with = replay(&self.load.plan, self.cost, Some(joiner));
+        if let Some(finish) = with.joiner_finish_ms {
+            // Everything before its own compute: waiting for other work and for its
+            // prefix (the load overlaps it), so `estimate` gives back `finish`.
+            let own = self.shape.processed().saturating_sub(c.cached_token_count) as f64
+                * c.prefill_ms_per_token;
+            c.queue_ms = (finish - c.gpu_restore_ms - own).max(0.0);
+        }
+        if self.opts.marginal_delay {
+            (with.total_ms() - without).max(0.0)
+        } else {
+            0.0
+        }
+    }
+}
+
+/// v5: the delay a request reusing `cached` tokens imposes on the worker's pending
+/// requests: its first chunk fills the rest of their last prefill step, which then takes
+/// longer by that chunk's compute, for every request finishing in that step.
+pub fn imposed_ms(shape: &Shape, cached: u32, load: &WorkerLoad, cost: &CostModel) -> f64 {
+    let (fill, finishers) = load.plan.tail_step(cost);
+    if finishers == 0 {
+        return 0.0;
+    }
+    let room = load.plan.step_budget(cost).saturating_sub(fill);
+    let take = room.min(shape.input_tokens.saturating_sub(cached));
+    let chunk = cost.solo_prefill_ms(cached, cached + take) * load.prefill_calibration;
+    chunk * finishers as f64
 }
 
 /// v4: when the pool cannot take the request now, the candidate stays feasible if the
@@ -369,7 +529,13 @@ fn base_candidate(
         prefix_load_ms: 0.0,
         gpu_restore_ms: 0.0,
         prefill_ms_per_token: prefill_ms_per_token(shape, 0, load, cost, opts),
-        first_token_ms: load.decode_step_ms,
+        // The engine samples the first token at the end of the prefill's last step; the
+        // replay (v6) ends there, so a further decode step would double count it.
+        first_token_ms: if opts.replay {
+            0.0
+        } else {
+            load.decode_step_ms
+        },
         page_size: cost.block_tokens,
         free_pages: load.free_blocks,
         evictable_pages: load.evictable_blocks,

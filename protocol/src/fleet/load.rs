@@ -1,6 +1,7 @@
 //! What a router observes of one worker: the per-worker load every policy reads.
 
 use super::cost::CostModel;
+use super::plan::EnginePlan;
 
 /// A worker's load as a router observes it (all policies see the same, current values).
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -41,6 +42,8 @@ pub struct WorkerLoad {
     /// worker's mean output length so far — not the request's true length, which a real
     /// worker cannot know — at the measured decode step).
     pub releases: Vec<(f64, u32)>,
+    /// The engine's pending prefills and decode state, to replay its next steps.
+    pub plan: EnginePlan,
 }
 
 impl WorkerLoad {

@@ -23,6 +23,7 @@ use super::cache::{BlockCache, Level};
 use super::cost::{CostModel, Micros, positions};
 use super::link::Link;
 use super::load::WorkerLoad;
+use super::plan::{EnginePlan, PendingPrefill};
 use super::trace::Workload;
 use crate::calibration::Ewma;
 
@@ -99,6 +100,8 @@ impl Shared<'_> {
 struct Step {
     end: Micros,
     duration: Micros,
+    /// What the cost model says this step takes (µs, before rounding up to 1).
+    modelled: f64,
     chunks: Vec<(u32, u32)>,
     decoding: u32,
     prefill_tokens: u32,
@@ -127,6 +130,9 @@ pub(crate) struct Worker {
     pub busy_us: u64,
     prefill_ms_per_token: Ewma,
     prefill_calibration: Ewma,
+    /// Measured / modelled duration per engine step. The simulated steps take exactly
+    /// what the cost model says, so this stays 1 here; a real worker measures it.
+    step_calibration: Ewma,
     decode_step_ms: Ewma,
     output_tokens: Ewma,
     seed_prefill_ms_per_token: f64,
@@ -165,6 +171,7 @@ impl Worker {
             busy_us: 0,
             prefill_ms_per_token: Ewma::default(),
             prefill_calibration: Ewma::default(),
+            step_calibration: Ewma::default(),
             output_tokens: Ewma::new(0.05),
             decode_step_ms: Ewma::default(),
             seed_prefill_ms_per_token: seed_prefill,
@@ -241,6 +248,67 @@ impl Worker {
                 .map_or(0.0, |s| s.end.saturating_sub(now) as f64 / 1e3),
             waiting_blocks,
             releases,
+            plan: self.plan(now, sh),
+        }
+    }
+
+    /// The engine state a router replays ([`EnginePlan`]): pending prefills in FCFS
+    /// order with their progress (counting the step in flight) and ready times.
+    fn plan(&self, now: Micros, sh: &Shared) -> EnginePlan {
+        let step_remaining_us = self.step.as_ref().map_or(0, |s| s.end.saturating_sub(now));
+        let pcie_backlog_us = (self.pcie.backlog_ms(now) * 1e3) as Micros;
+        let in_flight = |r: u32| {
+            self.step
+                .as_ref()
+                .and_then(|s| s.chunks.iter().find(|c| c.0 == r))
+                .map_or(0, |c| c.1)
+        };
+        let mut pending = Vec::with_capacity(self.prefilling.len() + self.waiting.len());
+        for (admitted, &r) in self
+            .prefilling
+            .iter()
+            .map(|r| (true, r))
+            .chain(self.waiting.iter().map(|r| (false, r)))
+        {
+            let (Some(st), Some(req)) = (
+                sh.reqs.get(r as usize),
+                sh.workload.requests.get(r as usize),
+            ) else {
+                continue;
+            };
+            let done = st.prefilled + in_flight(r);
+            if done >= req.input_tokens {
+                continue;
+            }
+            let ready_us = if admitted {
+                st.ready.saturating_sub(now)
+            } else {
+                // Admitted at a step boundary, then restored once its fetch is done and
+                // the copies booked before it have run.
+                let bytes: u64 = st.restore.iter().map(|&(b, _)| sh.block_bytes(b)).sum();
+                let start = st
+                    .fetch_ready
+                    .saturating_sub(now)
+                    .max(step_remaining_us)
+                    .max(pcie_backlog_us);
+                if bytes > 0 {
+                    start + sh.cost.pcie_us(bytes)
+                } else {
+                    start
+                }
+            };
+            pending.push(PendingPrefill {
+                ready_in_ms: ready_us as f64 / 1e3,
+                done_tokens: done,
+                input_tokens: req.input_tokens,
+            });
+        }
+        EnginePlan {
+            pending,
+            decoding: self.decoding.len() as u32,
+            decode_context_tokens: self.decode_context,
+            step_remaining_ms: step_remaining_us as f64 / 1e3,
+            step_calibration: self.step_calibration.or(1.0),
         }
     }
 
@@ -393,12 +461,14 @@ impl Worker {
             decoding as u64,
             self.decode_context,
         );
+        let modelled = duration as f64;
         let duration = duration.max(1);
         self.busy_us += duration;
         let end = now + duration;
         self.step = Some(Step {
             end,
             duration,
+            modelled,
             chunks,
             decoding,
             prefill_tokens,
@@ -477,6 +547,10 @@ impl Worker {
         self.steps += 1;
         if step.prefill_tokens == 0 {
             self.decode_step_ms.observe(step.duration as f64 / 1000.0);
+        }
+        if step.modelled > 0.0 {
+            self.step_calibration
+                .observe(step.duration as f64 / step.modelled);
         }
         // Decode: every decoding sequence produced a token; some are done.
         self.decode_context += step.decoding as u64;
