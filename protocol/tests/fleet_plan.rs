@@ -244,3 +244,33 @@ fn den_records_the_delay_each_offer_would_impose() {
         "two workers and 200 requests: some offer would have delayed someone"
     );
 }
+
+#[test]
+fn v6_restores_wait_for_the_copies_of_requests_ahead_in_the_admission_queue() {
+    let cost = CostModel::default();
+    let tokens = [512u32; 8];
+    let shape = Shape {
+        input_tokens: 8 * 512,
+        output_tokens: 16,
+        block_tokens: &tokens,
+    };
+    let mut load = WorkerLoad::idle(cost.gpu_kv_blocks, &cost);
+    // A request waiting for admission will copy ~61 ms of KV over PCIe first.
+    load.pcie_queued_ms = 61.0;
+    let w = worker("w", load, vec![Some(Source::Ram); 7]);
+    let own_copy = cost.pcie_us(7 * 512 * cost.kv_bytes_per_token) as f64 / 1e3;
+    let ram = |opts: &DenOptions| {
+        priced_candidates(&shape, &w, &cost, opts)
+            .into_iter()
+            .map(|(c, _)| c)
+            .find(|c| c.tier == Tier::Ram && c.cached_token_count == 7 * 512)
+            .unwrap()
+    };
+    assert!((ram(&DenOptions::v5()).gpu_restore_ms - own_copy).abs() < 1e-9);
+    let v6 = ram(&DenOptions::v6());
+    assert!(
+        (v6.gpu_restore_ms - own_copy - 61.0).abs() < 1e-9,
+        "{}",
+        v6.gpu_restore_ms
+    );
+}

@@ -24,6 +24,9 @@ pub struct WorkerLoad {
     pub object_backlog_ms: f64,
     /// Time until the worker's host → GPU copy queue drains, ms.
     pub pcie_backlog_ms: f64,
+    /// Host → GPU copy time that requests waiting for admission will book when admitted
+    /// (FCFS, so before any request routed now), ms.
+    pub pcie_queued_ms: f64,
     /// KV blocks held or reserved by requests routed here and not finished.
     pub active_blocks: u32,
     pub capacity_blocks: u32,
