@@ -17,7 +17,11 @@
 //!   run's first or last boundary or next to that crossing; only those are emitted, and
 //!   the winner is the same as with every boundary.
 //!
-//! The queue estimate ([`QueueModel`]) is where den's load prediction lives.
+//! The queue estimate ([`QueueModel`]) is where den's load prediction lives; from v6 it
+//! replays each worker's engine plan ([`crate::fleet::plan`]) with the request added.
+//! From v5 the ranking is by *fleet cost*: the request's own predicted TTFT plus the
+//! delay it would add to the requests already pending on that worker (mean TTFT is
+//! their sum). The prediction reported and recorded stays the request's own.
 //!
 //! Layout: [`DenOptions`] (the iteration steps) in `options`, the candidate builder and
 //! its pricing (queue, imposed delay, capacity wait) in `estimator`, the policy and the

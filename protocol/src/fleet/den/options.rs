@@ -9,7 +9,7 @@ pub enum QueueModel {
     /// v1: prompt tokens pending prefill × measured prefill ms/token (one EWMA per
     /// worker); the request's own prefill likewise (`missing × ms/token`).
     PendingPrefill,
-    /// v2: pending work priced by the roofline shape of [`CostModel::solo_prefill_ms`]
+    /// v2: pending work priced by the roofline shape of [`crate::fleet::cost::CostModel::solo_prefill_ms`]
     /// (dense + causal attention, so long prompts cost superlinearly) over each pending
     /// request's remaining range, times the worker's measured/modelled calibration
     /// factor; the request's own prefill priced the same way per candidate.
@@ -34,7 +34,7 @@ pub struct DenOptions {
     #[serde(default)]
     pub marginal_delay: bool,
     /// v6: each candidate's queue and the delay it imposes come from replaying the
-    /// worker's engine plan with the request added ([`super::plan`]).
+    /// worker's engine plan with the request added ([`crate::fleet::plan`]).
     #[serde(default)]
     pub replay: bool,
 }
