@@ -63,6 +63,10 @@ pub enum Command {
     /// synthetic workload with shared prefixes through them, and print TTFT and
     /// cache-hit statistics.
     Local(LocalArgs),
+    /// Replay a trace in the Mooncake format through den's routing policy and the
+    /// baselines (round-robin, least-loaded, Dynamo, SGLang, llm-d) on the fleet
+    /// simulator, and print one comparison table.
+    Simulate(crate::simulate::SimulateArgs),
 }
 
 /// Options of `den-agent router`.

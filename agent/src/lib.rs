@@ -15,6 +15,7 @@ pub mod memory;
 pub mod metrics;
 pub mod router;
 pub mod serving;
+pub mod simulate;
 pub mod tiers;
 pub mod worker;
 pub mod workload;

@@ -39,6 +39,7 @@ fn main() -> ExitCode {
             Command::Router(args) => router(&args, &file).await,
             Command::Worker(args) => run_worker(&args, &file).await,
             Command::Local(args) => local(&args, &file).await,
+            Command::Simulate(args) => simulate(args).await,
         }
     })
 }
@@ -231,4 +232,16 @@ fn fail(code: u8, message: &str) -> ExitCode {
     tracing::error!("{message}");
     eprintln!("den-agent: {message}");
     ExitCode::from(code)
+}
+
+/// `den-agent simulate`: CPU-bound, so off the async threads.
+async fn simulate(args: den_agent::simulate::SimulateArgs) -> ExitCode {
+    match tokio::task::spawn_blocking(move || den_agent::simulate::run(&args)).await {
+        Ok(Ok(out)) => {
+            print!("{out}");
+            ExitCode::SUCCESS
+        }
+        Ok(Err(e)) => fail(2, &e),
+        Err(e) => fail(1, &format!("simulate failed: {e}")),
+    }
 }
