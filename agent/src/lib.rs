@@ -17,5 +17,6 @@ pub mod router;
 pub mod serving;
 pub mod simulate;
 pub mod tiers;
+pub mod validate;
 pub mod worker;
 pub mod workload;

@@ -40,6 +40,7 @@ fn main() -> ExitCode {
             Command::Worker(args) => run_worker(&args, &file).await,
             Command::Local(args) => local(&args, &file).await,
             Command::Simulate(args) => simulate(args).await,
+            Command::Validate(args) => validate(args).await,
         }
     })
 }
@@ -243,5 +244,25 @@ async fn simulate(args: den_agent::simulate::SimulateArgs) -> ExitCode {
         }
         Ok(Err(e)) => fail(2, &e),
         Err(e) => fail(1, &format!("simulate failed: {e}")),
+    }
+}
+
+/// `den-agent validate`: starts this binary as the router and the workers.
+async fn validate(args: den_agent::validate::ValidateArgs) -> ExitCode {
+    let agent = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => {
+            return fail(
+                1,
+                &format!("cannot find this binary to start children: {e}"),
+            );
+        }
+    };
+    match den_agent::validate::run(&args, agent).await {
+        Ok(out) => {
+            print!("{out}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(1, &e),
     }
 }

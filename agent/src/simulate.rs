@@ -11,7 +11,12 @@
 //! ```text
 //! den-agent simulate [--trace FILE] [--workers 8|4,8,16] [--policies all|den,dynamo,…]
 //!                    [--json] [--limit N] [--no-object-store] [--explain K] [--den vN]
+//!                    [--profile h100|synthetic]
 //! ```
+//!
+//! `--profile synthetic` replaces the H100 deployment with den's own synthetic engine
+//! (`den_protocol::fleet::synthetic`, one operation at a time per worker; what
+//! `den-agent validate` checks against real agents) at the trace's 512-token blocks.
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -19,10 +24,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use clap::Args;
+use den_protocol::fleet::trace::MOONCAKE_BLOCK_TOKENS;
 use den_protocol::fleet::{
-    Contrast, DenOptions, FleetConfig, FleetReport, PolicyKind, PolicyRun, TimeSplit, Trace,
-    Workload, contrasts, contrasts_text, parse_policies, report, run_policy, time_split,
-    time_split_text,
+    Contrast, DenOptions, FleetConfig, FleetReport, PolicyKind, PolicyRun, SyntheticProfile,
+    TimeSplit, Trace, Workload, contrasts, contrasts_text, parse_policies, report, run_policy,
+    time_split, time_split_text,
 };
 use serde::Serialize;
 
@@ -60,9 +66,14 @@ pub struct SimulateArgs {
     /// against the best other policy.
     #[arg(long, value_name = "K", default_value_t = 0)]
     pub explain: usize,
-    /// Which iteration of den's policy to run (v1 … v6; `latest` is the newest).
+    /// Which iteration of den's policy to run (v1 … v6; `latest` is the newest; `router`
+    /// is the estimate den-agent's router computes, for the synthetic profile).
     #[arg(long, value_name = "VERSION", default_value = "latest")]
     pub den: String,
+    /// The deployment: `h100` (Llama-3.1-8B on H100s with batched chunked prefill) or
+    /// `synthetic` (den's synthetic engine, one operation at a time per worker).
+    #[arg(long, value_name = "PROFILE", default_value = "h100")]
+    pub profile: String,
 }
 
 impl Default for SimulateArgs {
@@ -76,6 +87,7 @@ impl Default for SimulateArgs {
             no_object_store: false,
             explain: 0,
             den: "latest".into(),
+            profile: "h100".into(),
         }
     }
 }
@@ -97,10 +109,19 @@ pub fn run(args: &SimulateArgs) -> Result<String, String> {
     let policies = parse_policies(&args.policies).map_err(|e| e.to_string())?;
     let den = DenOptions::preset(args.den.trim()).ok_or_else(|| {
         format!(
-            "unknown --den {:?}: use v1, v2, v3, v4, v5, v6 or latest",
+            "unknown --den {:?}: use v1, v2, v3, v4, v5, v6, latest or router",
             args.den
         )
     })?;
+    let synthetic = match args.profile.trim() {
+        "h100" => false,
+        "synthetic" => true,
+        other => {
+            return Err(format!(
+                "unknown --profile {other:?}: use h100 or synthetic"
+            ));
+        }
+    };
     if args.limit == Some(0) {
         return Err("--limit 0 replays nothing: give at least 1".into());
     }
@@ -116,6 +137,9 @@ pub fn run(args: &SimulateArgs) -> Result<String, String> {
         .map(|&n| {
             let mut config = FleetConfig::new(n);
             config.den = den.clone();
+            if synthetic {
+                config.cost = SyntheticProfile::validation(MOONCAKE_BLOCK_TOKENS).cost_model();
+            }
             if args.no_object_store {
                 config.cost.object_store = None;
             }
@@ -383,6 +407,28 @@ mod tests {
         for e in &errors {
             assert!(!e.contains('\n'), "{e}");
         }
+    }
+
+    #[test]
+    fn the_synthetic_profile_reaches_the_replay() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = SimulateArgs {
+            json: true,
+            policies: "den".into(),
+            profile: "synthetic".into(),
+            den: "router".into(),
+            ..args(write(&dir, "t.jsonl", &tiny_trace()))
+        };
+        let v: serde_json::Value = serde_json::from_str(&run(&a).unwrap()).unwrap();
+        let cost = &v[0]["report"]["cost"];
+        assert_eq!(cost["model"], "den synthetic engine");
+        assert_eq!(cost["serial"]["prefill_ms_per_token"], 0.1);
+        let e = run(&SimulateArgs {
+            profile: "a100".into(),
+            ..a
+        })
+        .unwrap_err();
+        assert!(e.contains("--profile") && e.contains("synthetic"), "{e}");
     }
 
     #[test]

@@ -130,6 +130,10 @@ impl BlockCache {
         self.ram.len
     }
 
+    pub fn ram_capacity(&self) -> u32 {
+        self.ram.capacity
+    }
+
     pub fn ssd_len(&self) -> u32 {
         self.ssd.len
     }

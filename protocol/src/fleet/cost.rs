@@ -75,8 +75,16 @@
 //! ≈ 16.6 ms dense + 3.4 ms attention. So RAM always pays, SSD pays, and the object store
 //! pays only for long prefixes, deep in a long context, or when it overlaps queueing —
 //! exactly the trade-off a TTFT estimate has to make per request.
+//!
+//! # Other profiles
+//! [`CostModel::synthetic`] models den's own synthetic engine instead (one operation at a
+//! time, FIFO, declared linear costs; [`super::synthetic`]): the profile the simulator is
+//! validated on against real agents. It sets [`CostModel::serial`]; the H100 profile
+//! leaves it `None` (continuous batching with chunked prefill).
 
 use serde::{Deserialize, Serialize};
+
+pub use super::synthetic::SerialEngine;
 
 /// Microseconds of simulated time.
 pub type Micros = u64;
@@ -108,6 +116,10 @@ pub struct CostModel {
     pub nvme_fixed_us: u64,
     /// `None` disables the shared object store.
     pub object_store: Option<ObjectStoreCost>,
+    /// `Some`: the engine runs one operation at a time in FIFO order with these declared
+    /// costs (den's synthetic engine, [`super::synthetic`]) instead of batched steps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serial: Option<SerialEngine>,
 }
 
 /// Object store costs, per worker.
@@ -158,6 +170,7 @@ impl CostModel {
                 bytes_per_s: 3.125e9,
                 latency_us: 30_000,
             }),
+            serial: None,
         }
     }
 
@@ -176,6 +189,13 @@ impl CostModel {
         decoding: u64,
         decode_context: u64,
     ) -> Micros {
+        if let Some(e) = &self.serial {
+            // One operation after the other: no overlap between prefill and decode.
+            return ms_to_us(
+                prefill_tokens as f64 * e.prefill_ms_per_token
+                    + decoding as f64 * e.decode_ms_per_token,
+            );
+        }
         let flops = self.peak_flops * self.mfu;
         let hbm = self.hbm_bytes_per_s * self.hbm_efficiency;
         let dense = 2.0 * self.params * (prefill_tokens + decoding) as f64 / flops;
@@ -194,7 +214,17 @@ impl CostModel {
     /// seed and documentation; the simulator charges steps).
     pub fn solo_prefill_ms(&self, start: u32, end: u32) -> f64 {
         let n = end.saturating_sub(start) as u64;
+        if let Some(e) = &self.serial {
+            return n as f64 * e.prefill_ms_per_token;
+        }
         self.step_us(n, positions(start, end), 0, 0) as f64 / 1000.0
+    }
+
+    /// What the first token costs after the prompt is prefilled, ms: 0 for a batched
+    /// engine (it samples the first token in the step that ends the prefill), the
+    /// declared first-token cost for a serial one.
+    pub fn first_token_ms(&self) -> f64 {
+        self.serial.as_ref().map_or(0.0, |e| e.first_token_ms)
     }
 
     /// Host RAM → GPU time for `bytes`, in µs.
@@ -223,6 +253,17 @@ pub fn positions(start: u32, end: u32) -> f64 {
     }
     let (s, e) = (start as f64, end as f64);
     (e * (e - 1.0) - s * (s - 1.0)) / 2.0
+}
+
+/// Milliseconds as whole microseconds, to the nearest (0 for invalid values): declared
+/// costs are exact decimals, so rounding up would add a microsecond of float noise.
+pub fn ms_to_us(ms: f64) -> Micros {
+    let us = ms * 1e3;
+    if us.is_finite() && us > 0.0 {
+        us.round() as Micros
+    } else {
+        0
+    }
 }
 
 fn seconds_to_us(s: f64) -> Micros {

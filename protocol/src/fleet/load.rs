@@ -47,6 +47,12 @@ pub struct WorkerLoad {
     pub releases: Vec<(f64, u32)>,
     /// The engine's pending prefills and decode state, to replay its next steps.
     pub plan: EnginePlan,
+    /// Serial engines ([`CostModel::serial`]): the predicted remaining work of the
+    /// execution queue, ms — the declared cost of every queued operation plus what is
+    /// left of the running one, what den's worker heartbeats as `queue_ms`. Operations
+    /// not queued yet (the next step of a request still running) are not in it, as on
+    /// the real worker. 0 for batched engines.
+    pub queue_ms: f64,
 }
 
 impl WorkerLoad {

@@ -27,12 +27,15 @@ pub mod cache;
 pub mod cost;
 pub mod den;
 pub mod explain;
+pub mod heartbeat;
 mod link;
 pub mod load;
 pub mod metrics;
 pub mod plan;
 pub mod policy;
+pub mod scale;
 pub mod sim;
+pub mod synthetic;
 pub mod trace;
 pub mod worker;
 
@@ -41,11 +44,14 @@ pub use den::{DecisionRecord, DenOptions, DenPolicy, QueueModel};
 pub use explain::{
     Contrast, TimeSplit, best_other, contrasts, contrasts_text, time_split, time_split_text,
 };
+pub use heartbeat::Heartbeats;
 pub use load::WorkerLoad;
 pub use metrics::{FleetReport, PolicyReport};
 pub use policy::{FleetView, Policy, PolicyError, PolicyKind, Route, RouteRequest, parse_policies};
+pub use scale::{Scale, ScaleError, ScaledRequest, ScaledTrace, SliceSpec, slice};
 pub use sim::{FleetConfig, PolicyRun, run_policy, run_with};
-pub use trace::{Trace, TraceError, TraceRequest, Workload, expand_tokens};
+pub use synthetic::{SerialEngine, SyntheticProfile};
+pub use trace::{Trace, TraceError, TraceRequest, Workload, expand_blocks, expand_tokens};
 
 /// Runs every policy in `policies` on the same workload and fleet, in order, and
 /// collects their reports.
@@ -82,7 +88,7 @@ pub fn ttft_lower_bound_ms(workload: &Workload, cost: &CostModel) -> f64 {
         .requests
         .iter()
         .zip(&reuse)
-        .map(|(r, &c)| cost.solo_prefill_ms(c, r.input_tokens))
+        .map(|(r, &c)| cost.solo_prefill_ms(c, r.input_tokens) + cost.first_token_ms())
         .sum();
     total / n
 }

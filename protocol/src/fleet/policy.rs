@@ -66,15 +66,23 @@ pub struct FleetView<'a> {
     pub cost: &'a CostModel,
     workers: &'a [Worker],
     shared: &'a Shared<'a>,
+    /// Heartbeat-lagged loads ([`super::heartbeat`]); `None`: current loads.
+    reported: Option<&'a [WorkerLoad]>,
 }
 
 impl<'a> FleetView<'a> {
-    pub(crate) fn new(now: Micros, workers: &'a [Worker], shared: &'a Shared<'a>) -> FleetView<'a> {
+    pub(crate) fn new(
+        now: Micros,
+        workers: &'a [Worker],
+        shared: &'a Shared<'a>,
+        reported: Option<&'a [WorkerLoad]>,
+    ) -> FleetView<'a> {
         FleetView {
             now,
             cost: shared.cost,
             workers,
             shared,
+            reported,
         }
     }
 
@@ -87,7 +95,12 @@ impl<'a> FleetView<'a> {
         WorkerId(format!("w{w:02}"))
     }
 
+    /// Worker `w`'s load: current, or as of its last heartbeat when observations are
+    /// heartbeat-lagged ([`super::FleetConfig::heartbeats`]).
     pub fn load(&self, w: usize) -> WorkerLoad {
+        if let Some(reported) = self.reported {
+            return reported.get(w).cloned().unwrap_or_default();
+        }
         self.workers
             .get(w)
             .map(|x| x.load(self.now, self.shared))

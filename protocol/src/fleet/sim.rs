@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use super::cache::TierTraffic;
 use super::cost::{CostModel, Micros};
 use super::den::{DecisionRecord, DenOptions};
+use super::heartbeat::{Beats, Heartbeats};
 use super::metrics::{Latency, PolicyReport, Prediction, Spread, Throughput, TierTokens};
 use super::policy::{FleetView, Policy, PolicyKind, RouteRequest};
 use super::trace::Workload;
@@ -30,6 +31,10 @@ pub struct FleetConfig {
     /// Requests (replay indices) whose routing decisions are recorded, for policies that
     /// can explain themselves (den).
     pub explain: BTreeSet<usize>,
+    /// `Some`: policies see each worker's load as of its last heartbeat, like
+    /// den-agent's router ([`super::heartbeat`]); `None` (default): as of now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeats: Option<Heartbeats>,
 }
 
 impl FleetConfig {
@@ -40,6 +45,7 @@ impl FleetConfig {
             cost: CostModel::default(),
             den: DenOptions::default(),
             explain: BTreeSet::new(),
+            heartbeats: None,
         }
     }
 }
@@ -85,10 +91,21 @@ pub fn run_with(workload: &Workload, config: &FleetConfig, policy: &mut dyn Poli
     let mut versions = vec![0u64; n];
     let mut decisions = Vec::new();
     let mut predicted = Vec::with_capacity(workload.requests.len());
+    let start = workload.requests.first().map_or(0, |r| r.arrival_us);
+    let mut beats = config
+        .heartbeats
+        .map(|h| Beats::new(h, start, &workers, &sh));
 
     for (i, req) in workload.requests.iter().enumerate() {
         let now = req.arrival_us;
-        drain(&mut events, &mut versions, &mut workers, &mut sh, Some(now));
+        drain(
+            &mut events,
+            &mut versions,
+            &mut workers,
+            &mut sh,
+            Some(now),
+            beats.as_mut(),
+        );
         let request = RouteRequest {
             index: i,
             line: req.line,
@@ -98,7 +115,7 @@ pub fn run_with(workload: &Workload, config: &FleetConfig, policy: &mut dyn Poli
             explain: config.explain.contains(&i),
         };
         let route = {
-            let view = FleetView::new(now, &workers, &sh);
+            let view = FleetView::new(now, &workers, &sh, beats.as_ref().map(Beats::snapshots));
             policy.route(&request, &view)
         };
         predicted.push(route.predicted_ttft_ms);
@@ -113,7 +130,14 @@ pub fn run_with(workload: &Workload, config: &FleetConfig, policy: &mut dyn Poli
             schedule(&mut events, &mut versions, w, next);
         }
     }
-    drain(&mut events, &mut versions, &mut workers, &mut sh, None);
+    drain(
+        &mut events,
+        &mut versions,
+        &mut workers,
+        &mut sh,
+        None,
+        None,
+    );
 
     for d in &mut decisions {
         if let (Some(st), Some(req)) = (sh.reqs.get(d.request), workload.requests.get(d.request)) {
@@ -136,19 +160,42 @@ fn schedule(
     }
 }
 
-/// Processes worker events up to and including `until` (all of them for `None`).
+/// Processes worker events up to and including `until` (all of them for `None`), and
+/// the heartbeats due in between (a heartbeat at the time of an event follows it).
 fn drain(
     events: &mut BinaryHeap<Reverse<(Micros, usize, u64)>>,
     versions: &mut [u64],
     workers: &mut [Worker],
     sh: &mut Shared,
     until: Option<Micros>,
+    mut beats: Option<&mut Beats>,
 ) {
-    while let Some(&Reverse((at, w, v))) = events.peek() {
-        if until.is_some_and(|t| at > t) {
+    loop {
+        let event = events.peek().map(|Reverse((at, _, _))| *at);
+        let beat = beats.as_ref().and_then(|b| b.next());
+        let next = match (event, beat) {
+            (Some(e), Some(b)) => e.min(b),
+            (Some(e), None) => e,
+            (None, Some(b)) => b,
+            (None, None) => return,
+        };
+        let done = match until {
+            Some(t) => next > t,
+            // The final drain: no more arrivals, so no more heartbeats to take.
+            None => event.is_none(),
+        };
+        if done {
             return;
         }
-        events.pop();
+        if beat.is_some_and(|b| event.is_none_or(|e| b < e)) {
+            if let Some(b) = beats.as_deref_mut() {
+                b.fire(workers, sh);
+            }
+            continue;
+        }
+        let Some(Reverse((at, w, v))) = events.pop() else {
+            return;
+        };
         if versions.get(w) != Some(&v) {
             continue;
         }
@@ -157,6 +204,9 @@ fn drain(
         };
         if let Some(next) = worker.on_event(at, sh) {
             schedule(events, versions, w, next);
+        }
+        if let Some(b) = beats.as_deref_mut() {
+            b.after_event(w, worker, at);
         }
     }
 }

@@ -134,10 +134,23 @@ pub fn block_token(hash_id: u64, i: u32) -> Token {
 /// The `input_length` tokens of a request: every hash id expanded into 512 tokens, the
 /// last block truncated.
 pub fn expand_tokens(request: &TraceRequest) -> Vec<Token> {
-    let mut out = Vec::with_capacity(request.input_length as usize);
-    for &id in &request.hash_ids {
-        let left = request.input_length as usize - out.len();
-        let take = left.min(MOONCAKE_BLOCK_TOKENS as usize) as u32;
+    expand_blocks(
+        &request.hash_ids,
+        request.input_length,
+        MOONCAKE_BLOCK_TOKENS,
+    )
+}
+
+/// `input_tokens` tokens from `hash_ids` at `block_tokens` tokens per hash id, the last
+/// block truncated: hash id `h` always expands to the first tokens of the same sequence
+/// ([`block_token`]), so equal hash-id prefixes give equal token prefixes at any block
+/// size (a scaled trace, [`super::scale`], keeps the trace's prefix sharing exactly).
+pub fn expand_blocks(hash_ids: &[u64], input_tokens: u32, block_tokens: u32) -> Vec<Token> {
+    let block = block_tokens.max(1) as usize;
+    let mut out = Vec::with_capacity(input_tokens as usize);
+    for &id in hash_ids {
+        let left = (input_tokens as usize).saturating_sub(out.len());
+        let take = left.min(block) as u32;
         out.extend((0..take).map(|i| block_token(id, i)));
     }
     out
@@ -170,6 +183,19 @@ pub struct WorkRequest {
     blocks_len: u32,
 }
 
+/// One request for [`Workload::from_blocks`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockRequest<'a> {
+    /// Arrival in microseconds from the start.
+    pub arrival_us: u64,
+    pub input_tokens: u32,
+    pub output_tokens: u32,
+    /// One id per block of the prompt, root first.
+    pub hash_ids: &'a [u64],
+    /// The trace line it came from (1-based).
+    pub line: usize,
+}
+
 /// Totals of a trace, for reports.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TraceSummary {
@@ -195,18 +221,43 @@ impl Workload {
     /// Interns every block chain of `trace`. Block indices follow first appearance, so
     /// the result depends only on the trace.
     pub fn from_trace(trace: &Trace) -> Workload {
+        Workload::from_blocks(
+            trace
+                .requests
+                .iter()
+                .zip(&trace.lines)
+                .map(|(r, &line)| BlockRequest {
+                    arrival_us: r.timestamp.saturating_mul(1000),
+                    input_tokens: r.input_length,
+                    output_tokens: r.output_length,
+                    hash_ids: &r.hash_ids,
+                    line,
+                }),
+            MOONCAKE_BLOCK_TOKENS,
+        )
+    }
+
+    /// Interns requests whose hash ids name `block_tokens`-token blocks (the last one
+    /// possibly partial), in the order given (replay order). [`Workload::from_trace`] is
+    /// this at 512 tokens per block; a scaled trace ([`super::scale`]) uses a shorter one.
+    pub fn from_blocks<'a>(
+        requests: impl IntoIterator<Item = BlockRequest<'a>>,
+        block_tokens: u32,
+    ) -> Workload {
+        // Blocks longer than u16 tokens are never produced: traces use 512.
+        let block_size = block_tokens.clamp(1, u16::MAX as u32);
         let mut index: HashMap<u64, u32> = HashMap::new();
         let mut blocks = Vec::new();
         let mut block_tokens: Vec<u16> = Vec::new();
-        let mut requests = Vec::with_capacity(trace.requests.len());
-        for (r, &line) in trace.requests.iter().zip(&trace.lines) {
+        let mut out = Vec::new();
+        for r in requests {
             let start = blocks.len() as u32;
             let mut parent = 0u64;
-            let mut left = r.input_length;
-            for &id in &r.hash_ids {
+            let mut left = r.input_tokens;
+            for &id in r.hash_ids {
                 let key = chain_key(parent, id);
                 parent = key;
-                let tokens = left.min(MOONCAKE_BLOCK_TOKENS) as u16;
+                let tokens = left.min(block_size) as u16;
                 left -= tokens as u32;
                 let next = block_tokens.len() as u32;
                 let b = *index.entry(key).or_insert(next);
@@ -219,17 +270,17 @@ impl Workload {
                 }
                 blocks.push(b);
             }
-            requests.push(WorkRequest {
-                arrival_us: r.timestamp.saturating_mul(1000),
-                input_tokens: r.input_length,
-                output_tokens: r.output_length,
-                line,
+            out.push(WorkRequest {
+                arrival_us: r.arrival_us,
+                input_tokens: r.input_tokens,
+                output_tokens: r.output_tokens,
+                line: r.line,
                 blocks_start: start,
                 blocks_len: blocks.len() as u32 - start,
             });
         }
         Workload {
-            requests,
+            requests: out,
             blocks,
             block_tokens,
         }

@@ -14,6 +14,10 @@ pub enum QueueModel {
     /// request's remaining range, times the worker's measured/modelled calibration
     /// factor; the request's own prefill priced the same way per candidate.
     Calibrated,
+    /// What den-agent's router uses: the worker's reported `queue_ms` — the predicted
+    /// remaining work of its execution queue ([`crate::fleet::WorkerLoad::queue_ms`],
+    /// serial engines) — and its per-token prefill cost for the request's own prefill.
+    Reported,
 }
 
 /// Knobs of den's policy (each iteration step of the benchmark is one setting).
@@ -97,9 +101,22 @@ impl DenOptions {
         }
     }
 
-    /// The named iteration step (`v1`, `v2`, …; `latest` is the default).
+    /// The estimate den-agent's router computes from heartbeats (`candidate::estimate`
+    /// on the worker's reported queue, prefill cost and first-token cost, tiers priced
+    /// by bytes over throughput; ranked by the request's own predicted TTFT): what the
+    /// simulator runs to be compared with real agents on the synthetic profile.
+    pub fn router() -> DenOptions {
+        DenOptions {
+            queue: QueueModel::Reported,
+            ..DenOptions::v1()
+        }
+    }
+
+    /// The named iteration step (`v1`, `v2`, …; `latest` is the default; `router` is
+    /// [`DenOptions::router`]).
     pub fn preset(name: &str) -> Option<DenOptions> {
         match name {
+            "router" => Some(DenOptions::router()),
             "v1" => Some(DenOptions::v1()),
             "v2" => Some(DenOptions::v2()),
             "v3" => Some(DenOptions::v3()),

@@ -16,8 +16,12 @@
 //!
 //! A step's duration comes from [`CostModel::step_us`]. Time is integer microseconds.
 //! What a router observes of a worker is built in `observe`.
+//!
+//! With [`CostModel::serial`] set the worker is den's synthetic engine instead: one
+//! operation at a time in FIFO order (`serial`, [`super::synthetic`]).
 
 mod observe;
+mod serial;
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
@@ -129,6 +133,9 @@ pub(crate) struct Worker {
     active_blocks: u32,
     pub routed: u32,
     pub busy_us: u64,
+    /// Counts changes a router learns of at once (a completion, a stored checkpoint):
+    /// each triggers an eager heartbeat when observations are heartbeat-lagged.
+    pub changes: u64,
     prefill_ms_per_token: Ewma,
     prefill_calibration: Ewma,
     /// Measured / modelled duration per engine step. The simulated steps take exactly
@@ -138,6 +145,8 @@ pub(crate) struct Worker {
     output_tokens: Ewma,
     seed_prefill_ms_per_token: f64,
     seed_decode_step_ms: f64,
+    /// The execution queue of a serial engine (unused by the batched one).
+    serial: serial::SerialQueue,
 }
 
 impl Worker {
@@ -170,6 +179,7 @@ impl Worker {
             active_blocks: 0,
             routed: 0,
             busy_us: 0,
+            changes: 0,
             prefill_ms_per_token: Ewma::default(),
             prefill_calibration: Ewma::default(),
             step_calibration: Ewma::default(),
@@ -177,6 +187,7 @@ impl Worker {
             decode_step_ms: Ewma::default(),
             seed_prefill_ms_per_token: seed_prefill,
             seed_decode_step_ms: seed_decode,
+            serial: serial::SerialQueue::default(),
         }
     }
 
@@ -189,6 +200,9 @@ impl Worker {
         reuse: Reuse,
         sh: &mut Shared,
     ) -> Option<Micros> {
+        if let Some(engine) = sh.cost.serial {
+            return self.serial_dispatch(now, r, reuse, sh, &engine);
+        }
         let req = sh.workload.requests.get(r as usize)?;
         let chain = sh.workload.blocks(req);
         // The last block is always recomputed: the engine needs the logits of the last
@@ -276,6 +290,9 @@ impl Worker {
     /// Handles this worker's event at `now` (a step end or a wake-up) and returns the
     /// next one.
     pub fn on_event(&mut self, now: Micros, sh: &mut Shared) -> Option<Micros> {
+        if let Some(engine) = sh.cost.serial {
+            return self.serial_event(now, sh, &engine);
+        }
         if let Some(step) = self.step.take() {
             self.finish_step(now, step, sh);
         }
@@ -512,6 +529,7 @@ impl Worker {
             self.cache.unpin(Level::Gpu, b);
         }
         self.output_tokens.observe(req.output_tokens as f64);
+        self.changes += 1;
         let Some(st) = sh.reqs.get_mut(r as usize) else {
             return;
         };

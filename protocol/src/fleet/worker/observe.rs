@@ -11,6 +11,9 @@ use crate::fleet::plan::{EnginePlan, PendingPrefill};
 impl Worker {
     /// The router's view of this worker at `now`.
     pub fn load(&self, now: Micros, sh: &Shared) -> WorkerLoad {
+        if let Some(engine) = sh.cost.serial {
+            return self.serial_load(now, sh, &engine);
+        }
         let capacity = self.cache.gpu_capacity();
         let used = self.cache.gpu_len() + self.private_blocks;
         let mut pending_model_ms = 0.0;
@@ -86,6 +89,7 @@ impl Worker {
             waiting_blocks,
             releases,
             plan: self.plan(now, sh),
+            queue_ms: 0.0,
         }
     }
 

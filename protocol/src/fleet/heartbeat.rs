@@ -1,0 +1,119 @@
+//! Heartbeat-lagged observations: what a router that learns worker load only from
+//! heartbeats sees.
+//!
+//! By default the fleet simulator hands every policy each worker's load *as of now*,
+//! including the requests the policy routed a microsecond ago — an ideal router that
+//! accounts for its own decisions. den-agent's router does not: it prices a worker with
+//! the `queue_ms`, pool and calibration of that worker's last heartbeat, sent every
+//! `--heartbeat-interval` and a few milliseconds after a request completes (the worker's
+//! eager heartbeat). With [`Heartbeats`] set, the simulator keeps one snapshot of each
+//! worker's load, taken at exactly those times, and policies see the snapshot. Cache
+//! residency stays current (the worker advertises a completed route within the same few
+//! milliseconds).
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use serde::{Deserialize, Serialize};
+
+use super::cost::Micros;
+use super::load::WorkerLoad;
+use super::worker::{Shared, Worker};
+
+/// When workers report their load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Heartbeats {
+    /// Every worker reports this often, µs (worker `w` of `n` at phase `w × interval / n`).
+    pub interval_us: Micros,
+    /// A worker also reports this soon after a request completes or its checkpoint is
+    /// stored, µs (den's worker: 5 ms).
+    pub eager_us: Micros,
+}
+
+impl Heartbeats {
+    /// den-agent's router and worker: `interval_ms` (`--heartbeat-interval`) and the
+    /// worker's 5 ms eager heartbeat.
+    pub fn den(interval_ms: u64) -> Heartbeats {
+        Heartbeats {
+            interval_us: interval_ms.max(1) * 1000,
+            eager_us: 5_000,
+        }
+    }
+}
+
+/// The snapshots and the pending heartbeats of a replay.
+pub(crate) struct Beats {
+    config: Heartbeats,
+    snapshots: Vec<WorkerLoad>,
+    /// (time, worker, periodic): eager beats do not reschedule.
+    pending: BinaryHeap<Reverse<(Micros, usize, bool)>>,
+    /// The earliest eager beat pending per worker (coalesces bursts).
+    eager_at: Vec<Option<Micros>>,
+    /// Each worker's change counter at its last check.
+    seen: Vec<u64>,
+}
+
+impl Beats {
+    /// Snapshots of every worker at `now` (idle), periodic beats staggered over the
+    /// first interval.
+    pub(crate) fn new(config: Heartbeats, now: Micros, workers: &[Worker], sh: &Shared) -> Beats {
+        let n = workers.len().max(1) as u64;
+        let interval = config.interval_us.max(1);
+        let pending = (0..workers.len())
+            .map(|w| Reverse((now + interval * w as u64 / n + interval, w, true)))
+            .collect();
+        Beats {
+            config,
+            snapshots: workers.iter().map(|w| w.load(now, sh)).collect(),
+            pending,
+            eager_at: vec![None; workers.len()],
+            seen: workers.iter().map(|w| w.changes).collect(),
+        }
+    }
+
+    pub(crate) fn snapshots(&self) -> &[WorkerLoad] {
+        &self.snapshots
+    }
+
+    /// When the next heartbeat is due.
+    pub(crate) fn next(&self) -> Option<Micros> {
+        self.pending.peek().map(|Reverse((t, _, _))| *t)
+    }
+
+    /// Sends the next heartbeat: snapshot that worker at its time.
+    pub(crate) fn fire(&mut self, workers: &[Worker], sh: &Shared) {
+        let Some(Reverse((at, w, periodic))) = self.pending.pop() else {
+            return;
+        };
+        if let (Some(worker), Some(slot)) = (workers.get(w), self.snapshots.get_mut(w)) {
+            *slot = worker.load(at, sh);
+        }
+        if periodic {
+            self.pending
+                .push(Reverse((at + self.config.interval_us.max(1), w, true)));
+        } else if let Some(e) = self.eager_at.get_mut(w)
+            && *e == Some(at)
+        {
+            *e = None;
+        }
+    }
+
+    /// Worker `w` just processed an event at `at`: if something a router depends on
+    /// changed (a completion, a stored checkpoint), an eager heartbeat follows.
+    pub(crate) fn after_event(&mut self, w: usize, worker: &Worker, at: Micros) {
+        let Some(seen) = self.seen.get_mut(w) else {
+            return;
+        };
+        if worker.changes == *seen {
+            return;
+        }
+        *seen = worker.changes;
+        if let Some(e) = self.eager_at.get_mut(w)
+            && e.is_none()
+        {
+            let t = at + self.config.eager_us;
+            *e = Some(t);
+            self.pending.push(Reverse((t, w, false)));
+        }
+    }
+}

@@ -1,0 +1,184 @@
+//! `den-agent validate` end to end: a short, strongly scaled slice of the Mooncake trace
+//! replayed on a real router and three real workers (child processes of the binary) and
+//! on the fleet simulator with the same synthetic-engine costs. These tests check the
+//! pipeline — every request completes and is paired with a simulated and a router
+//! prediction on the same prompt — never the size of the errors or any timing (those are
+//! in BENCHMARKS.md).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use den_tests::agents::agent_binary;
+use serde_json::Value;
+
+fn trace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/mooncake/conversation_trace.jsonl")
+}
+
+fn validate(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(agent_binary())
+        .arg("validate")
+        .args(args)
+        .env_remove("DEN_CONFIG")
+        .output()
+        .expect("run den-agent validate");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Tails of the processes' logs, for a failure message.
+fn logs(dir: &Path) -> String {
+    let mut out = String::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+        let tail: Vec<&str> = text.lines().rev().take(15).collect();
+        out.push_str(&format!("--- {}\n", entry.path().display()));
+        for l in tail.into_iter().rev() {
+            out.push_str(l);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+fn finite_non_negative(v: &Value, what: &str) -> f64 {
+    let x = v
+        .as_f64()
+        .unwrap_or_else(|| panic!("{what} is not a number: {v}"));
+    assert!(x.is_finite() && x >= 0.0, "{what} = {x}");
+    x
+}
+
+#[test]
+fn validate_pairs_every_request_of_a_short_slice_with_both_predictions() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let trace = trace();
+    let (code, stdout, stderr) = validate(&[
+        "--trace",
+        trace.to_str().expect("utf-8 path"),
+        "--start",
+        "60",
+        "--requests",
+        "30",
+        "--time-scale",
+        "8",
+        "--length-scale",
+        "32",
+        "--prefill-ms-per-token",
+        "0.2",
+        "--first-token-ms",
+        "2",
+        "--decode-ms-per-token",
+        "0.5",
+        "--pages",
+        "2048",
+        "--json",
+        "--log-dir",
+        dir.path().to_str().expect("utf-8 path"),
+    ]);
+    assert_eq!(
+        code,
+        Some(0),
+        "stderr: {stderr}\nstdout: {stdout}\n{}",
+        logs(dir.path())
+    );
+    let report: Value = serde_json::from_str(&stdout).expect("--json prints one JSON report");
+    assert_eq!(report["workers"], 3);
+    assert_eq!(report["slice"]["block_tokens"], 16);
+    let rows = report["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 30);
+    let mut lines: Vec<u64> = Vec::new();
+    for (i, r) in rows.iter().enumerate() {
+        assert_eq!(r["index"], i);
+        assert!(r.get("error").is_none(), "request {i} failed: {r}");
+        lines.push(r["line"].as_u64().expect("line"));
+        // Completed on the real cluster, with the router's records.
+        let measured = finite_non_negative(&r["measured_ttft_ms"], "measured TTFT");
+        assert!(measured > 0.0, "request {i}: {r}");
+        finite_non_negative(&r["router_measured_ttft_ms"], "router-measured TTFT");
+        finite_non_negative(&r["router_predicted_ttft_ms"], "router prediction");
+        // Paired with the simulator, on the same prompt and output.
+        assert!(finite_non_negative(&r["sim_ttft_ms"], "sim TTFT") > 0.0);
+        assert!(finite_non_negative(&r["fresh_ttft_ms"], "fresh sim TTFT") > 0.0);
+        finite_non_negative(
+            &r["sim_predicted_ttft_ms"],
+            "den's prediction in the simulator",
+        );
+        for e in ["sim_error", "fresh_error", "router_error"] {
+            finite_non_negative(&r[e], e);
+        }
+        assert_eq!(
+            r["real_prompt_tokens"], r["prompt_tokens"],
+            "request {i}: the router and the simulator saw the same prompt"
+        );
+        assert_eq!(
+            r["real_output_tokens"], r["output_tokens"],
+            "request {i}: as many tokens streamed as the simulator decoded"
+        );
+        let real = r["real_worker"].as_u64().expect("real worker index");
+        assert!(real < 3 && r["sim_worker"].as_u64().expect("sim worker") < 3);
+        let cached = r["real_cached_tokens"]
+            .as_u64()
+            .expect("real cached tokens");
+        assert!(cached < r["prompt_tokens"].as_u64().expect("prompt"));
+    }
+    // A contiguous slice, in replay order.
+    assert!(lines.windows(2).all(|w| w[0] < w[1]), "{lines:?}");
+    let s = &report["summary"];
+    assert_eq!(
+        (s["completed"].as_u64(), s["failed"].as_u64()),
+        (Some(30), Some(0))
+    );
+    for which in ["sim_vs_measured", "fresh_vs_measured", "router_vs_measured"] {
+        let e = &s[which];
+        assert_eq!(e["requests"], 30, "{which}");
+        let median = finite_non_negative(&e["median"], which);
+        let p90 = finite_non_negative(&e["p90"], which);
+        assert!(median <= p90, "{which}: {e}");
+        assert!(e["mean_signed_ms"].as_f64().is_some_and(f64::is_finite));
+    }
+    for share in [
+        "worker_agreement",
+        "fresh_worker_agreement",
+        "reuse_agreement",
+    ] {
+        let x = finite_non_negative(&s[share], share);
+        assert!(x <= 1.0, "{share} = {x}");
+    }
+    for dist in [
+        "measured_ttft_ms",
+        "sim_ttft_ms",
+        "router_predicted_ttft_ms",
+    ] {
+        let d = &s[dist];
+        assert!(
+            finite_non_negative(&d["p50"], dist) <= finite_non_negative(&d["p99"], dist),
+            "{dist}: {d}"
+        );
+    }
+}
+
+#[test]
+fn validate_refuses_bad_options_in_one_line_before_starting_anything() {
+    let trace = trace();
+    let path = trace.to_str().expect("utf-8 path");
+    for (args, want) in [
+        (vec!["--trace", path, "--policy", "dynamo"], "--policy"),
+        (vec!["--trace", path, "--length-scale", "0"], "length scale"),
+        (
+            vec!["--trace", "/nonexistent/trace.jsonl"],
+            "cannot read trace",
+        ),
+    ] {
+        let (code, stdout, stderr) = validate(&args);
+        assert_eq!(code, Some(1), "{args:?}: {stdout}{stderr}");
+        let line = stderr
+            .lines()
+            .find(|l| l.starts_with("den-agent:"))
+            .unwrap_or_else(|| panic!("{args:?}: no error line in {stderr}"));
+        assert!(line.contains(want), "{args:?}: {line}");
+    }
+}
