@@ -13,7 +13,9 @@
 //!   profile ([`SyntheticProfile`], the same flags) and den's policy (by default the
 //!   estimate the real router computes, `--den router`), twice: with each worker's load
 //!   as of its last heartbeat (what den-agent's router sees, [`Heartbeats`]), and with
-//!   current loads (what the fleet study assumes).
+//!   current loads (what the fleet study assumes); and a third time on the real
+//!   router's choices ([`FollowRouter`]: same worker, same reuse), which measures the
+//!   simulator's model of the workers without den's routing decisions.
 //!
 //! It reports, per request and summarised, how far the simulator's TTFT and the router's
 //! prediction are from the measurement (median and p90 of |predicted − measured| /
@@ -27,6 +29,7 @@
 //!
 //! The replay itself is in `validate/replay.rs`, the report in `validate/report.rs`.
 
+mod follow;
 mod replay;
 mod report;
 
@@ -36,15 +39,16 @@ use std::time::Duration;
 use clap::Args;
 use den_protocol::fleet::{
     DenOptions, FleetConfig, Heartbeats, PolicyKind, PolicyRun, Scale, ScaledTrace, SliceSpec,
-    SyntheticProfile, Trace, run_policy, slice,
+    SyntheticProfile, Trace, run_policy, run_with, slice,
 };
 
 use crate::cluster::{ClusterSpec, LocalCluster};
 use crate::config::parse_bytes;
 use crate::simulate::DEFAULT_TRACE;
 
+pub use self::follow::FollowRouter;
 pub use self::replay::{Measured, WorkerCalibration};
-pub use self::report::{Errors, Row, Summary, ValidationReport};
+pub use self::report::{Errors, Row, Summary, ValidationReport, worker_index};
 
 /// Options of `den-agent validate`.
 #[derive(Debug, Clone, PartialEq, Args)]
@@ -172,6 +176,9 @@ pub struct Simulated {
     pub lagged: PolicyRun,
     /// Current observations.
     pub fresh: PolicyRun,
+    /// Every request on the worker the real router chose, reusing what the real worker
+    /// reused ([`FollowRouter`]): the simulator's model of the workers alone.
+    pub followed: PolicyRun,
 }
 
 /// Checks the options, reads and scales the trace. Errors are one line saying what to
@@ -277,18 +284,6 @@ pub fn plan(args: &ValidateArgs) -> Result<Plan, String> {
 /// binary, started as the router and the workers.
 pub async fn run(args: &ValidateArgs, agent: PathBuf) -> Result<String, String> {
     let plan = plan(args)?;
-    let sim = {
-        let (slice, lagged, fresh) = (plan.slice.clone(), plan.fleet.clone(), plan.fresh());
-        tokio::task::spawn_blocking(move || {
-            let w = slice.workload();
-            Simulated {
-                lagged: run_policy(&w, &lagged, PolicyKind::Den),
-                fresh: run_policy(&w, &fresh, PolicyKind::Den),
-            }
-        })
-        .await
-        .map_err(|e| format!("the simulation failed: {e}"))?
-    };
     let data = std::env::temp_dir().join(format!("den-validate-{}", std::process::id()));
     std::fs::create_dir_all(&data).map_err(|e| format!("cannot create {}: {e}", data.display()))?;
     let logs = args.log_dir.clone().unwrap_or_else(|| data.join("logs"));
@@ -307,6 +302,24 @@ pub async fn run(args: &ValidateArgs, agent: PathBuf) -> Result<String, String> 
     let wall_s = started.elapsed().as_secs_f64();
     let calibration = replay::calibration(&cluster.router_url).await;
     cluster.stop().await;
+    let sim = {
+        let (slice, lagged, fresh) = (
+            as_sent(&plan.slice, &measured),
+            plan.fleet.clone(),
+            plan.fresh(),
+        );
+        let mut follow = FollowRouter::new(&measured, slice.block_tokens, worker_index);
+        tokio::task::spawn_blocking(move || {
+            let w = slice.workload();
+            Simulated {
+                lagged: run_policy(&w, &lagged, PolicyKind::Den),
+                followed: run_with(&w, &lagged, &mut follow),
+                fresh: run_policy(&w, &fresh, PolicyKind::Den),
+            }
+        })
+        .await
+        .map_err(|e| format!("the simulation failed: {e}"))?
+    };
     let mut report = ValidationReport::new(args, &plan, &sim, &measured, wall_s);
     report.calibration = calibration;
     if report.summary.failed > 0 {
@@ -332,6 +345,21 @@ pub async fn run(args: &ValidateArgs, agent: PathBuf) -> Result<String, String> 
     } else {
         Ok(report.text(args.rows))
     }
+}
+
+/// The slice with each arrival moved to when the client really sent the request (its
+/// scheduled arrival + the client's lag), so the simulator replays exactly what the
+/// router received and client delays are not counted as prediction errors. Sends are
+/// sequential, so arrivals stay in order.
+pub fn as_sent(slice: &ScaledTrace, measured: &[Measured]) -> ScaledTrace {
+    let mut out = slice.clone();
+    let mut floor = 0;
+    for (r, m) in out.requests.iter_mut().zip(measured) {
+        let lag_us = (m.send_lag_ms.max(0.0) * 1e3).round() as u64;
+        r.arrival_us = (r.arrival_us + lag_us).max(floor);
+        floor = r.arrival_us;
+    }
+    out
 }
 
 fn encode(report: &ValidationReport) -> Result<String, String> {
@@ -432,6 +460,58 @@ mod tests {
         for (i, r) in w.requests.iter().enumerate() {
             assert_eq!(p.slice.tokens(i).len() as u32, r.input_tokens);
         }
+    }
+
+    #[test]
+    fn the_simulator_replays_requests_when_they_were_sent() {
+        let dir = tempfile::tempdir().unwrap();
+        let args = ValidateArgs {
+            trace: Some(tiny_trace(&dir)),
+            ..ValidateArgs::default()
+        };
+        let p = plan(&args).unwrap();
+        let lag = |ms: f64| Measured {
+            send_lag_ms: ms,
+            ..Measured::default()
+        };
+        // Scheduled at 0, 100 and 500 ms; sent 2 ms, 0.5 ms and 0 ms late.
+        let sent = as_sent(&p.slice, &[lag(2.0), lag(0.5), lag(0.0)]);
+        let at: Vec<u64> = sent.requests.iter().map(|r| r.arrival_us).collect();
+        assert_eq!(at, [2_000, 100_500, 500_000]);
+        // Never out of order, and the prompts are untouched.
+        let sent = as_sent(&p.slice, &[lag(150.0), lag(0.0), lag(0.0)]);
+        let at: Vec<u64> = sent.requests.iter().map(|r| r.arrival_us).collect();
+        assert_eq!(at, [150_000, 150_000, 500_000]);
+        assert_eq!(sent.tokens(2), p.slice.tokens(2));
+    }
+
+    #[test]
+    fn following_the_router_runs_each_request_on_the_real_worker() {
+        let dir = tempfile::tempdir().unwrap();
+        let args = ValidateArgs {
+            trace: Some(tiny_trace(&dir)),
+            ..ValidateArgs::default()
+        };
+        let p = plan(&args).unwrap();
+        let served = |w: &str, cached: u32| Measured {
+            worker: Some(w.to_owned()),
+            cached_tokens: Some(cached),
+            ..Measured::default()
+        };
+        // The third request shares the first one's three blocks; the real worker
+        // recomputed them (reused 0), on another worker than den would pick.
+        let measured = [served("w-3", 0), served("w-1", 0), served("w-2", 0)];
+        let mut follow = FollowRouter::new(&measured, p.slice.block_tokens, worker_index);
+        let run = run_with(&p.slice.workload(), &p.fleet, &mut follow);
+        assert_eq!(run.worker, [2, 0, 1]);
+        assert_eq!(run.reused_tokens, [0, 0, 0]);
+        // On the first request's worker, with its reuse, the simulator reuses the prefix.
+        let reuse = 3 * p.slice.block_tokens;
+        let measured = [served("w-3", 0), served("w-1", 0), served("w-3", reuse)];
+        let mut follow = FollowRouter::new(&measured, p.slice.block_tokens, worker_index);
+        let run = run_with(&p.slice.workload(), &p.fleet, &mut follow);
+        assert_eq!(run.worker, [2, 0, 2]);
+        assert_eq!(run.reused_tokens, [0, 0, reuse]);
     }
 
     #[test]

@@ -10,7 +10,8 @@ use den_protocol::fleet::{
 };
 
 /// 0.1 ms per prefilled token, 2 ms to the first token, 1 ms per further token; 4-token
-/// blocks of 1000-byte rows; restores at 1 MB/s (4 ms a block) + 0.5 ms per block.
+/// blocks of 1000-byte rows; restores at 1 MB/s (4 ms a block) + 0.5 ms per block,
+/// captures at 1 MB/s.
 fn profile(pool_blocks: u32) -> SyntheticProfile {
     SyntheticProfile {
         prefill_ms_per_token: 0.1,
@@ -24,6 +25,7 @@ fn profile(pool_blocks: u32) -> SyntheticProfile {
         chunk_tokens: 4,
         restore_bytes_per_s: 1e6,
         restore_chunk_ms: 0.5,
+        capture_bytes_per_s: 1e6,
         ssd_read_bytes_per_s: 1e6,
     }
 }

@@ -40,8 +40,12 @@ pub struct Measured {
 }
 
 /// Replays every request of `slice` through the router at `router` (`http://host:port`):
-/// request `i` is sent `arrival_us` after the start, concurrently with the others.
-/// Results in slice order; a request that failed or got no answer carries `error`.
+/// request `i` is sent `arrival_us` after the start. Requests are *submitted* in slice
+/// order — the next one is sent once the router answered the previous one's headers,
+/// which it does right after submitting it — so requests with the same arrival (the
+/// trace has bursts at the same millisecond) reach the router in the simulator's order;
+/// each response is then read concurrently. Results in slice order; a request that
+/// failed or got no answer carries `error`.
 pub async fn replay(router: &str, slice: &ScaledTrace) -> Vec<Measured> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let client = match reqwest::Client::builder().tcp_nodelay(true).build() {
@@ -59,34 +63,49 @@ pub async fn replay(router: &str, slice: &ScaledTrace) -> Vec<Measured> {
         }
     };
     let url = format!("{}/v1/generate", router.trim_end_matches('/'));
+    let bodies: Vec<Vec<u8>> = slice
+        .requests
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let body = json!({
+                "id": format!("validate-{i}"),
+                "tokens": slice.tokens(i),
+                "max_new_tokens": r.output_tokens,
+                "deadline_ms": DRAIN.as_millis() as u64,
+            });
+            serde_json::to_vec(&body).unwrap_or_default()
+        })
+        .collect();
     let start = tokio::time::Instant::now() + LEAD;
-    let mut tasks = Vec::with_capacity(slice.requests.len());
-    for (i, r) in slice.requests.iter().enumerate() {
-        let body = json!({
-            "id": format!("validate-{i}"),
-            "tokens": slice.tokens(i),
-            "max_new_tokens": r.output_tokens,
-            "deadline_ms": DRAIN.as_millis() as u64,
-        });
-        let body = serde_json::to_vec(&body).unwrap_or_default();
+    let last = slice.requests.last().map_or(0, |r| r.arrival_us);
+    let deadline = start + Duration::from_micros(last) + DRAIN;
+    let mut tasks = Vec::with_capacity(bodies.len());
+    for (r, body) in slice.requests.iter().zip(bodies) {
         let at = start + Duration::from_micros(r.arrival_us);
-        let (client, url) = (client.clone(), url.clone());
+        tokio::time::sleep_until(at).await;
+        let lag = tokio::time::Instant::now().saturating_duration_since(at);
+        let t0 = Instant::now();
+        let sent = client
+            .post(&url)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body)
+            .send();
+        let sent = tokio::time::timeout_at(deadline, sent).await;
         tasks.push(tokio::spawn(async move {
-            tokio::time::sleep_until(at).await;
-            let lag = tokio::time::Instant::now().saturating_duration_since(at);
-            let mut m = match generate(&client, &url, body).await {
-                Ok(m) => m,
-                Err(e) => Measured {
-                    error: Some(e),
-                    ..Measured::default()
-                },
+            let result = match sent {
+                Ok(Ok(resp)) => read(resp, t0).await,
+                Ok(Err(e)) => Err(format!("request failed: {e}")),
+                Err(_) => Err("the router did not answer".to_owned()),
             };
+            let mut m = result.unwrap_or_else(|e| Measured {
+                error: Some(e),
+                ..Measured::default()
+            });
             m.send_lag_ms = lag.as_secs_f64() * 1e3;
             m
         }));
     }
-    let last = slice.requests.last().map_or(0, |r| r.arrival_us);
-    let deadline = start + Duration::from_micros(last) + DRAIN;
     let mut out = Vec::with_capacity(tasks.len());
     for task in tasks {
         let abort = task.abort_handle();
@@ -148,16 +167,8 @@ pub async fn calibration(router: &str) -> Vec<WorkerCalibration> {
         .collect()
 }
 
-/// One request: the measurement, or a one-line error.
-async fn generate(client: &reqwest::Client, url: &str, body: Vec<u8>) -> Result<Measured, String> {
-    let t0 = Instant::now();
-    let resp = client
-        .post(url)
-        .header(reqwest::header::CONTENT_TYPE, "application/json")
-        .body(body)
-        .send()
-        .await
-        .map_err(|e| format!("request failed: {e}"))?;
+/// Reads one response sent at `t0`: the measurement, or a one-line error.
+async fn read(resp: reqwest::Response, t0: Instant) -> Result<Measured, String> {
     if !resp.status().is_success() {
         let status = resp.status();
         let text = resp.text().await.unwrap_or_default();

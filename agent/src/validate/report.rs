@@ -51,7 +51,8 @@ pub struct SliceInfo {
 pub struct Row {
     pub index: usize,
     pub line: usize,
-    /// Scaled arrival, ms from the first.
+    /// Scaled arrival, ms from the first (as scheduled; the simulator replays it
+    /// `send_lag_ms` later, when the client really sent it).
     pub arrival_ms: f64,
     /// Prompt and output tokens the simulator replayed.
     pub prompt_tokens: u32,
@@ -62,6 +63,8 @@ pub struct Row {
     pub sim_ttft_ms: f64,
     /// The simulator's TTFT with current observations, ms.
     pub fresh_ttft_ms: f64,
+    /// The simulator's TTFT on the real router's worker and reuse, ms.
+    pub followed_ttft_ms: f64,
     /// The real router's prediction for the attempt that served it, ms.
     pub router_predicted_ttft_ms: Option<f64>,
     /// The router's own measurement (decision record), ms.
@@ -72,6 +75,8 @@ pub struct Row {
     pub sim_error: Option<f64>,
     /// |fresh sim − measured| / measured.
     pub fresh_error: Option<f64>,
+    /// |followed sim − measured| / measured.
+    pub followed_error: Option<f64>,
     /// |router predicted − measured| / measured.
     pub router_error: Option<f64>,
     /// Worker index (0-based) each side chose.
@@ -112,6 +117,8 @@ pub struct Summary {
     pub sim_vs_measured: Errors,
     /// The simulator with current observations (the fleet study's ideal router).
     pub fresh_vs_measured: Errors,
+    /// The simulator on the real router's choices (its worker model alone).
+    pub followed_vs_measured: Errors,
     pub router_vs_measured: Errors,
     /// Share of completed requests the simulator sent to the same worker as the router.
     pub worker_agreement: f64,
@@ -121,6 +128,7 @@ pub struct Summary {
     pub measured_ttft_ms: Latency,
     pub sim_ttft_ms: Latency,
     pub fresh_ttft_ms: Latency,
+    pub followed_ttft_ms: Latency,
     pub router_predicted_ttft_ms: Latency,
     /// Reused / prompt tokens, each side.
     pub measured_reuse: f64,
@@ -146,8 +154,11 @@ impl ValidationReport {
             .map(|(i, r)| {
                 let m = measured.get(i).cloned().unwrap_or_default();
                 let ms = |v: &[u64]| v.get(i).copied().unwrap_or(0) as f64 / 1e3;
-                let (sim_ttft_ms, fresh_ttft_ms) =
-                    (ms(&sim.lagged.ttft_us), ms(&sim.fresh.ttft_us));
+                let (sim_ttft_ms, fresh_ttft_ms, followed_ttft_ms) = (
+                    ms(&sim.lagged.ttft_us),
+                    ms(&sim.fresh.ttft_us),
+                    ms(&sim.followed.ttft_us),
+                );
                 let error = |p: Option<f64>| relative(p, m.client_ttft_ms);
                 Row {
                     index: i,
@@ -158,11 +169,13 @@ impl ValidationReport {
                     measured_ttft_ms: m.client_ttft_ms,
                     sim_ttft_ms,
                     fresh_ttft_ms,
+                    followed_ttft_ms,
                     router_predicted_ttft_ms: m.router_predicted_ttft_ms,
                     router_measured_ttft_ms: m.router_ttft_ms,
                     sim_predicted_ttft_ms: sim.lagged.predicted_ttft_ms.get(i).copied().flatten(),
                     sim_error: error(Some(sim_ttft_ms)),
                     fresh_error: error(Some(fresh_ttft_ms)),
+                    followed_error: error(Some(followed_ttft_ms)),
                     router_error: error(m.router_predicted_ttft_ms),
                     real_worker: m.worker.as_deref().and_then(worker_index),
                     sim_worker: sim.lagged.worker.get(i).copied().unwrap_or(0),
@@ -265,17 +278,18 @@ impl ValidationReport {
         }
         let _ = writeln!(
             out,
-            "\n{:<24} {:>13} {:>10} {:>10} {:>14}",
+            "\n{:<26} {:>13} {:>10} {:>10} {:>14}",
             "TTFT vs measured", "median |err|", "p90 |err|", "mean |err|", "mean pred−meas"
         );
         for (name, e) in [
             ("simulator", &m.sim_vs_measured),
             ("simulator, fresh view", &m.fresh_vs_measured),
+            ("simulator, router's picks", &m.followed_vs_measured),
             ("router prediction", &m.router_vs_measured),
         ] {
             let _ = writeln!(
                 out,
-                "{:<24} {:>12.1}% {:>9.1}% {:>9.1}% {:>+11.1} ms",
+                "{:<26} {:>12.1}% {:>9.1}% {:>9.1}% {:>+11.1} ms",
                 name,
                 e.median * 100.0,
                 e.p90 * 100.0,
@@ -294,18 +308,19 @@ impl ValidationReport {
         );
         let _ = writeln!(
             out,
-            "\n{:<24} {:>8} {:>8} {:>8} {:>8} {:>8}",
+            "\n{:<26} {:>8} {:>8} {:>8} {:>8} {:>8}",
             "TTFT ms", "mean", "p50", "p90", "p99", "max"
         );
         for (name, l) in [
             ("measured (client)", &m.measured_ttft_ms),
             ("simulated", &m.sim_ttft_ms),
             ("simulated, fresh view", &m.fresh_ttft_ms),
+            ("simulated, router's picks", &m.followed_ttft_ms),
             ("router prediction", &m.router_predicted_ttft_ms),
         ] {
             let _ = writeln!(
                 out,
-                "{:<24} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1}",
+                "{:<26} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1}",
                 name, l.mean, l.p50, l.p90, l.p99, l.max
             );
         }
@@ -392,6 +407,10 @@ impl Summary {
                 done.iter()
                     .map(|r| (Some(r.fresh_ttft_ms), r.measured_ttft_ms)),
             ),
+            followed_vs_measured: errors(
+                done.iter()
+                    .map(|r| (Some(r.followed_ttft_ms), r.measured_ttft_ms)),
+            ),
             router_vs_measured: errors(
                 done.iter()
                     .map(|r| (r.router_predicted_ttft_ms, r.measured_ttft_ms)),
@@ -402,6 +421,7 @@ impl Summary {
             measured_ttft_ms: us(measured),
             sim_ttft_ms: us(done.iter().map(|r| r.sim_ttft_ms).collect()),
             fresh_ttft_ms: us(done.iter().map(|r| r.fresh_ttft_ms).collect()),
+            followed_ttft_ms: us(done.iter().map(|r| r.followed_ttft_ms).collect()),
             router_predicted_ttft_ms: us(done
                 .iter()
                 .filter_map(|r| r.router_predicted_ttft_ms)
@@ -462,7 +482,7 @@ fn mean(v: impl Iterator<Item = f64>) -> f64 {
 
 /// `w-3` → 2: the local cluster names its workers `w-1` … `w-N`, the simulator
 /// numbers them from 0 (both sort in the same order, so ties break the same way).
-fn worker_index(name: &str) -> Option<usize> {
+pub fn worker_index(name: &str) -> Option<usize> {
     name.strip_prefix("w-")?
         .parse::<usize>()
         .ok()?

@@ -35,7 +35,8 @@
 //! | `ram_bytes` | `--ram-bytes` | RAM tier capacity in blocks |
 //! | `ssd_bytes` | `--ssd-bytes` | SSD tier capacity in blocks |
 //! | `chunk_tokens` | `--chunk-size` | the block size (one chunk = one block) |
-//! | `restore_bytes_per_s`, `restore_chunk_ms` | — (measured) | restore and capture |
+//! | `restore_bytes_per_s`, `restore_chunk_ms` | — (measured) | restore operation |
+//! | `capture_bytes_per_s` | — (measured) | capture operation |
 //!
 //! The restore rates are **measured**, on the machine the validation runs on: a restore
 //! from the RAM tier decodes the stored chunk (a SHA-256 pass), copies it into pages and,
@@ -65,9 +66,20 @@ pub struct SerialEngine {
     /// Fixed cost of restoring one chunk from a lower tier (fetch, check, scatter,
     /// verify), on top of its bytes at [`CostModel::pcie_bytes_per_s`].
     pub restore_chunk_ms: f64,
+    /// Bytes per second of a checkpoint capture (rows copied out of the pages).
+    pub capture_bytes_per_s: f64,
 }
 
 impl SerialEngine {
+    /// A capture of `bytes`, µs.
+    pub fn capture_us(&self, bytes: u64) -> u64 {
+        if self.capture_bytes_per_s > 0.0 {
+            (bytes as f64 * 1e6 / self.capture_bytes_per_s).round() as u64
+        } else {
+            0
+        }
+    }
+
     /// The decode operation: the first token, then every further one.
     pub fn decode_ms(&self, output_tokens: u32) -> f64 {
         self.first_token_ms + self.decode_ms_per_token * output_tokens.saturating_sub(1) as f64
@@ -92,6 +104,8 @@ pub struct SyntheticProfile {
     pub restore_bytes_per_s: f64,
     /// Fixed cost per restored chunk, ms (measured).
     pub restore_chunk_ms: f64,
+    /// Bytes per second of a checkpoint capture (a copy out of the pages).
+    pub capture_bytes_per_s: f64,
     /// Bytes per second of an SSD tier read (only used when `ssd_bytes > 0`).
     pub ssd_read_bytes_per_s: f64,
 }
@@ -111,8 +125,9 @@ impl Default for SyntheticProfile {
             ram_bytes: 1 << 30,
             ssd_bytes: 0,
             chunk_tokens: 256,
-            restore_bytes_per_s: 200e6,
-            restore_chunk_ms: 0.03,
+            restore_bytes_per_s: 300e6,
+            restore_chunk_ms: 0.02,
+            capture_bytes_per_s: 2e9,
             ssd_read_bytes_per_s: 1e9,
         }
     }
@@ -145,6 +160,7 @@ impl SyntheticProfile {
             first_token_ms: self.first_token_ms,
             decode_ms_per_token: self.decode_ms_per_token,
             restore_chunk_ms: self.restore_chunk_ms,
+            capture_bytes_per_s: self.capture_bytes_per_s,
         }
     }
 

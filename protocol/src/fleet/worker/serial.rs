@@ -327,7 +327,7 @@ impl Worker {
                 (bytes > 0 && tiers).then(|| Op {
                     request: r,
                     kind: OpKind::Capture,
-                    us: cost.pcie_us(bytes),
+                    us: engine.capture_us(bytes),
                 })
             }
             OpKind::Capture => {
