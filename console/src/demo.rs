@@ -35,6 +35,8 @@ pub struct DemoOptions {
     /// Conversations in flight at once.
     pub concurrency: usize,
     pub seed: u64,
+    /// The cluster's shared token (`DEN_TOKEN`/`--token`); a fresh random one otherwise.
+    pub token: Option<String>,
 }
 
 impl Default for DemoOptions {
@@ -45,6 +47,7 @@ impl Default for DemoOptions {
             duration: None,
             concurrency: 4,
             seed: 1,
+            token: None,
         }
     }
 }
@@ -91,7 +94,7 @@ impl Demo {
             .prefix("den-demo-")
             .tempdir()
             .map_err(DemoError::TempDir)?;
-        let token = demo_token();
+        let token = opts.token.clone().unwrap_or_else(demo_token);
         let (router_url, router_stop, router_task, workers) =
             runtime.block_on(start_cluster(opts, &token, data.path().to_path_buf()))?;
         let spec = WorkloadSpec {
