@@ -54,6 +54,13 @@ pub trait Submitter: Send + Sync + 'static {
 
     /// Models that live workers advertise right now.
     fn models(&self) -> Vec<ServedModel>;
+
+    /// The model instance that served a completed request, when the runtime knows (den's
+    /// router does for placed models; answered as `served_by`).
+    fn served_by(&self, request: &RequestId) -> Option<String> {
+        let _ = request;
+        None
+    }
 }
 
 /// A shared submitter.

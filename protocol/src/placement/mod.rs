@@ -153,7 +153,14 @@ impl ProbeResult {
         }
         match serde_json::from_str::<ChatCompletionResponse>(body) {
             Ok(response) if !response.choices.is_empty() => {
-                ProbeResult::Completed { served_by: None }
+                // den's router names the instance that served the request.
+                let served_by = response
+                    .extra
+                    .get("served_by")
+                    .and_then(serde_json::Value::as_str)
+                    .filter(|s| !s.is_empty())
+                    .map(InstanceId::from);
+                ProbeResult::Completed { served_by }
             }
             Ok(_) => ProbeResult::Error {
                 detail: "the completion has no choices".to_owned(),
