@@ -807,3 +807,6 @@ fn failure(
         extra: BTreeMap::new(),
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -524,3 +524,6 @@ impl Models {
         self.runners.get(runner).map(|e| &e.place.artifact)
     }
 }
+
+#[cfg(test)]
+mod tests;
