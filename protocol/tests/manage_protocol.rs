@@ -102,7 +102,8 @@ fn place_and_remove_runner_round_trip_to_the_addressed_worker_only() {
 #[test]
 fn malformed_placements_are_refused_with_the_field_named() {
     let frame = place("w1");
-    let cases: Vec<(&str, Box<dyn FnOnce(&mut Value)>)> = vec![
+    type Edit = Box<dyn FnOnce(&mut Value)>;
+    let cases: Vec<(&str, Edit)> = vec![
         (
             "artifact.files.path",
             Box::new(|v| v["artifact"]["files"][0]["path"] = json!("../../etc/passwd")),

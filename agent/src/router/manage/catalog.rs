@@ -652,6 +652,15 @@ sha256 = "ab5c1a8f0b6d2b7a1c8d4e5f60718293a4b5c6d7e8f90112233445566778899a"
     }
 
     #[test]
+    fn the_example_catalog_loads() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("catalog");
+        let catalog = Catalog::load_dir(&dir).unwrap();
+        let card = catalog.get(&ModelId::from("den/tiny-chat")).unwrap();
+        assert_eq!(card.kv.bytes_per_token(), 16 * 1024);
+        assert_eq!(card.storage_bytes(), 48 + 8 * 1024 * 1024);
+    }
+
+    #[test]
     fn duplicate_models_are_refused() {
         let a = parse(CARD).unwrap();
         let mut b = a.clone();
