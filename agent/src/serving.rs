@@ -49,6 +49,18 @@ pub trait Submitter: Send + Sync + 'static {
     /// without a terminal delivery does not cancel: call [`Submitter::cancel`].
     fn submit(&self, request: GenerationRequest) -> Result<DeliveryStream, SubmitError>;
 
+    /// Submit a request to be served only by the placed model instance `instance` (den's
+    /// management API: the placement probe pins itself with `?den_instance=ID`). A
+    /// runtime without placed instances serves it like [`Submitter::submit`].
+    fn submit_pinned(
+        &self,
+        request: GenerationRequest,
+        instance: Option<&str>,
+    ) -> Result<DeliveryStream, SubmitError> {
+        let _ = instance;
+        self.submit(request)
+    }
+
     /// Cancel a request (client disconnect, slow client, explicit cancel). Idempotent.
     fn cancel(&self, request: &RequestId);
 

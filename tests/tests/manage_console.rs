@@ -142,23 +142,47 @@ async fn manage_den_place_then_status_ready_then_delete() {
     let served = &state.inference.as_ref().unwrap()[&instance.as_str().into()];
     assert!(served.completed >= 1, "{served:?}");
 
+    // A second instance of the same model on the other worker: its probe is pinned to
+    // it, so the answer is attributable and it is placed too.
+    let second = run_den(
+        &router,
+        &home,
+        &["place", MODEL, "--node", "w2", "--yes", "--json"],
+    )
+    .await;
+    assert_eq!(
+        second.code,
+        Some(0),
+        "stdout {}\nstderr {}",
+        second.stdout,
+        second.stderr
+    );
+    let out = json_of(&second);
+    assert_eq!(out["outcome"], "placed", "{out}");
+    let other = out["instance_id"].as_str().expect("instance id").to_owned();
+    assert_ne!(other, instance);
+
     let status = run_den(&router, &home, &["status", "--json"]).await;
     assert_eq!(status.code, Some(0), "{}", status.stderr);
     let snapshot = json_of(&status);
-    let row = snapshot["instances"]
-        .as_array()
-        .and_then(|rows| {
-            rows.iter()
-                .find(|r| r["row"] == "instance" && r["instance"] == instance.as_str())
-        })
-        .unwrap_or_else(|| panic!("instance row in {snapshot}"));
-    assert_eq!(row["verdict"]["kind"], "ready", "{row}");
-    for evidence in ["download", "runner", "probe"] {
-        assert_eq!(row[evidence], "ok", "{evidence}: {row}");
+    for id in [&instance, &other] {
+        let row = snapshot["instances"]
+            .as_array()
+            .and_then(|rows| {
+                rows.iter()
+                    .find(|r| r["row"] == "instance" && r["instance"] == id.as_str())
+            })
+            .unwrap_or_else(|| panic!("instance row of {id} in {snapshot}"));
+        assert_eq!(row["verdict"]["kind"], "ready", "{row}");
+        for evidence in ["download", "runner", "probe"] {
+            assert_eq!(row[evidence], "ok", "{evidence}: {row}");
+        }
     }
 
-    let deleted = run_den(&router, &home, &["delete", &instance]).await;
-    assert_eq!(deleted.code, Some(0), "{}", deleted.stderr);
+    for id in [&instance, &other] {
+        let deleted = run_den(&router, &home, &["delete", id]).await;
+        assert_eq!(deleted.code, Some(0), "{}", deleted.stderr);
+    }
     m.wait_state("the instance and its runner gone", |s| {
         (s.instances.is_empty() && s.runners.is_empty()).then_some(())
     })

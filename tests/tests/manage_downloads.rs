@@ -48,10 +48,13 @@ async fn place(
     (id, runner, ack.command_id)
 }
 
-/// One chat completion through the router's ingress.
-async fn chat(router: &Router) -> Value {
+/// One chat completion through the router's ingress (pinned to an instance when given).
+async fn chat(router: &Router, pin: Option<&str>) -> Value {
+    let query = pin
+        .map(|p| format!("?den_instance={p}"))
+        .unwrap_or_default();
     let mut req = client()
-        .post(format!("{}/v1/chat/completions", router.url))
+        .post(format!("{}/v1/chat/completions{query}", router.url))
         .json(&json!({
             "model": MODEL,
             "messages": [{"role": "user", "content": "Reply with the single word: ready"}],
@@ -175,8 +178,21 @@ async fn manage_file_source_checksum_failure_then_retry_with_a_new_attempt() {
     );
 
     // Inference goes to the placed instance, which the answer names.
-    let answer = chat(&router).await;
+    let answer = chat(&router, None).await;
     assert_eq!(answer["served_by"], second.as_str(), "{answer}");
+    let pinned = chat(&router, Some(second.as_str())).await;
+    assert_eq!(pinned["served_by"], second.as_str(), "{pinned}");
+    // Pinned to an instance that does not exist: no worker may serve it.
+    let mut req = client()
+        .post(format!(
+            "{}/v1/chat/completions?den_instance=no-such-instance",
+            router.url
+        ))
+        .json(&json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}));
+    if let Some(t) = &router.token {
+        req = req.bearer_auth(t);
+    }
+    assert_eq!(req.send().await.unwrap().status().as_u16(), 503);
     let state = m
         .wait_state("the inference record", |s| {
             let r = s.inference.as_ref()?.get(&second)?;
@@ -277,7 +293,7 @@ async fn manage_s3_source_downloads_verifies_and_serves() {
         record.bytes().map(|(_, total)| total.in_bytes),
         Some(files.iter().map(|f| f.bytes.len() as u64).sum::<u64>())
     );
-    let answer = chat(&router).await;
+    let answer = chat(&router, None).await;
     assert_eq!(answer["served_by"], id.as_str(), "{answer}");
     assert_eq!(m.delete(&format!("/instance/{id}")).await.status, 200);
     let state = m

@@ -292,7 +292,14 @@ impl Ingress {
                 return ApiError::bad_request("invalid_value", e.to_string()).into_response();
             }
         };
-        let rx = match self.submitter.submit(request) {
+        // den's placement probe pins itself to the instance it checks.
+        let pin = parts.uri.query().and_then(|q| {
+            crate::router::manage::http::parse_query(q)
+                .into_iter()
+                .find(|(k, v)| k == "den_instance" && !v.is_empty())
+                .map(|(_, v)| v)
+        });
+        let rx = match self.submitter.submit_pinned(request, pin.as_deref()) {
             Ok(rx) => rx,
             Err(e) => {
                 exchange::count_request(metrics, label, "refused");

@@ -153,6 +153,17 @@ impl RouterHandle {
         request: GenerationRequest,
         deadline: Option<Duration>,
     ) -> Result<DeliveryStream, SubmitError> {
+        self.submit_to(request, deadline, None)
+    }
+
+    /// Submit, offering the request only to the worker of placed instance `pin` (no
+    /// candidate when the instance is unknown).
+    pub fn submit_to(
+        &self,
+        request: GenerationRequest,
+        deadline: Option<Duration>,
+        pin: Option<den_protocol::skulk::InstanceId>,
+    ) -> Result<DeliveryStream, SubmitError> {
         if self.shared.shutting_down.load(Ordering::Relaxed) {
             return Err(SubmitError::ShuttingDown);
         }
@@ -165,6 +176,7 @@ impl RouterHandle {
             request: Arc::new(request),
             deliveries: tx,
             deadline,
+            pin,
         };
         match self.tx.try_send(cmd) {
             Ok(()) => Ok(rx),
@@ -250,6 +262,15 @@ impl RouterHandle {
 impl Submitter for RouterHandle {
     fn submit(&self, request: GenerationRequest) -> Result<DeliveryStream, SubmitError> {
         self.submit_with_deadline(request, None)
+    }
+
+    fn submit_pinned(
+        &self,
+        request: GenerationRequest,
+        instance: Option<&str>,
+    ) -> Result<DeliveryStream, SubmitError> {
+        let pin = instance.map(den_protocol::skulk::InstanceId::from);
+        self.submit_to(request, None, pin)
     }
 
     fn cancel(&self, request: &RequestId) {

@@ -6,7 +6,9 @@
 //! worker state machine of `den-protocol` ([`actor`]) against the real page pool
 //! ([`pool`]). Restores, prefills and decodes run on one serialized execution queue per
 //! device ([`device`]); completed routes are checkpointed into the tiers and published
-//! only after the storage receipts ([`store`]).
+//! only after the storage receipts ([`store`]). Models placed through the router's
+//! management API are downloaded, verified, installed and loaded by [`models`]; their
+//! download attempts and runners ride on every heartbeat.
 //!
 //! Start one with [`start`] (library use: tests, benchmarks, `den-agent local`) or
 //! [`run`] (the CLI). Both stop on their shutdown signal by draining: new offers are

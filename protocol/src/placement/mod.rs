@@ -13,6 +13,7 @@
 //!           runner and download failures end it; an unrelated instance of the same
 //!           model proves nothing
 //! probe     ONE ordinary inference request once download and runner evidence agree
+//!           (`?den_instance=ID`: den's router serves it on that instance)
 //! outcome   Placed | Failed(reason) | Uncertain(reason)
 //! ```
 //!

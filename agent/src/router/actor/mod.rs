@@ -77,6 +77,8 @@ pub enum Command {
         request: Arc<GenerationRequest>,
         deliveries: mpsc::Sender<Delivery>,
         deadline: Option<Duration>,
+        /// Offer only to the worker of this placed instance.
+        pin: Option<den_protocol::skulk::InstanceId>,
     },
     Cancel {
         request: RequestId,
@@ -361,14 +363,19 @@ impl RouterActor {
                 request,
                 deliveries,
                 deadline,
+                pin,
             } => {
                 let amended = self.observations_with_speculation();
-                let candidates = candidates_for(
+                let mut candidates = candidates_for(
                     &request,
                     self.shared.opts.chunk_size,
                     amended.iter().map(|o| o.as_ref()),
                     &self.catalog,
                 );
+                if let Some(pin) = &pin {
+                    let worker = self.manager.worker_of(pin);
+                    candidates.retain(|c| Some(&c.worker_id) == worker.as_ref());
+                }
                 let now = self.now();
                 self.deliveries.insert(
                     request.id.clone(),

@@ -36,7 +36,7 @@ pub mod ids;
 mod preview;
 mod view;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 use serde::Serialize;
@@ -69,6 +69,8 @@ pub const INSTANCE_TAG: &str = "DenInstance";
 
 /// How often an unanswered place/remove frame is sent again (on heartbeats).
 const RESEND_AFTER_MS: u64 = 2_000;
+/// Finished command records and failure records kept (oldest forgotten first).
+pub const RETAINED_RECORDS: usize = 1024;
 
 /// What the HTTP layer asks the router actor.
 pub enum Request {
@@ -189,6 +191,9 @@ pub struct Manager {
     pub(crate) inference: BTreeMap<InstanceId, InstanceInference>,
     /// Commands in the order they were issued (`lastEventAppliedIdx`).
     pub(crate) applied: i64,
+    /// Command and failure ids in the order they were recorded, for retention.
+    command_order: VecDeque<CommandId>,
+    failure_order: VecDeque<InstanceId>,
 }
 
 #[derive(Serialize)]
@@ -213,6 +218,8 @@ impl Manager {
             failures: BTreeMap::new(),
             inference: BTreeMap::new(),
             applied: -1,
+            command_order: VecDeque::new(),
+            failure_order: VecDeque::new(),
         }
     }
 
@@ -308,7 +315,7 @@ impl Manager {
             self.set_outcome(&command, CommandOutcome::Applied(NoFields::default()));
         }
         for (id, f) in failed {
-            self.failures.entry(id).or_insert(f);
+            self.record_failure(id, f);
         }
         for id in resend {
             if let Some(frame) = self.place_frame(&id) {
@@ -430,7 +437,7 @@ impl Manager {
                 );
             }
             let f = failure(&id, &rec, &message, "node_unavailable", None, unix_ms);
-            self.failures.entry(id).or_insert(f);
+            self.record_failure(id, f);
         }
     }
 
@@ -544,18 +551,7 @@ impl Manager {
                 preview::memory_message(&card, view),
             ));
         };
-        let command = CommandId::new(self.ids.next_id());
-        self.commands.insert(
-            command.clone(),
-            CommandStatus {
-                command_id: command.clone(),
-                kind: "CreateInstance".to_owned(),
-                instance_id: Some(id.clone()),
-                outcome: CommandOutcome::Pending(NoFields::default()),
-                extra: BTreeMap::new(),
-            },
-        );
-        self.applied += 1;
+        let command = self.new_command("CreateInstance", &id);
         self.instances.insert(
             id.clone(),
             InstanceRecord {
@@ -571,7 +567,9 @@ impl Manager {
             },
         );
         // A fresh failure record would otherwise shadow this placement's.
-        self.failures.remove(&id);
+        if self.failures.remove(&id).is_some() {
+            self.failure_order.retain(|f| f != &id);
+        }
         let frames = self.place_frame(&id).into_iter().collect();
         Ok((
             CreateInstanceResponse {
@@ -597,18 +595,7 @@ impl Manager {
             Refusal::new(404, "instance_unknown", format!("Instance not found: {id}"))
         })?;
         self.inference.remove(id);
-        let command = CommandId::new(self.ids.next_id());
-        self.applied += 1;
-        self.commands.insert(
-            command.clone(),
-            CommandStatus {
-                command_id: command.clone(),
-                kind: "DeleteInstance".to_owned(),
-                instance_id: Some(id.clone()),
-                outcome: CommandOutcome::Pending(NoFields::default()),
-                extra: BTreeMap::new(),
-            },
-        );
+        let command = self.new_command("DeleteInstance", id);
         // The placement never got to run: its command is rejected, not pending forever.
         if let Some(placed) = &rec.command
             && !rec.acknowledged
@@ -696,6 +683,11 @@ impl Manager {
         Some(id.clone())
     }
 
+    /// The worker that runs `instance`.
+    pub fn worker_of(&self, instance: &InstanceId) -> Option<WorkerId> {
+        self.instances.get(instance).map(|r| r.worker.clone())
+    }
+
     /// The catalog model id served under `fingerprint`, with the smallest context limit
     /// of its ready runners (the ingress lists catalog models by their id).
     pub fn served_model(&self, fingerprint: &ModelFingerprint) -> Option<(ModelId, Option<u64>)> {
@@ -752,6 +744,58 @@ impl Manager {
                 source: card.source.clone(),
             })),
         })
+    }
+
+    /// Records a new pending command; the oldest finished ones beyond
+    /// [`RETAINED_RECORDS`] are forgotten.
+    fn new_command(&mut self, kind: &str, instance: &InstanceId) -> CommandId {
+        let command = CommandId::new(self.ids.next_id());
+        self.applied += 1;
+        self.commands.insert(
+            command.clone(),
+            CommandStatus {
+                command_id: command.clone(),
+                kind: kind.to_owned(),
+                instance_id: Some(instance.clone()),
+                outcome: CommandOutcome::Pending(NoFields::default()),
+                extra: BTreeMap::new(),
+            },
+        );
+        self.command_order.push_back(command.clone());
+        let mut scanned = 0;
+        while self.commands.len() > RETAINED_RECORDS && scanned < self.command_order.len() {
+            let Some(oldest) = self.command_order.pop_front() else {
+                break;
+            };
+            let pending = self
+                .commands
+                .get(&oldest)
+                .is_some_and(|c| matches!(c.outcome, CommandOutcome::Pending(_)));
+            if pending {
+                // Still in flight: keep it, look at the next.
+                self.command_order.push_back(oldest);
+                scanned += 1;
+            } else {
+                self.commands.remove(&oldest);
+            }
+        }
+        command
+    }
+
+    /// Keeps the first failure of an instance; forgets the oldest beyond
+    /// [`RETAINED_RECORDS`].
+    fn record_failure(&mut self, id: InstanceId, f: InstanceFailure) {
+        if self.failures.contains_key(&id) {
+            return;
+        }
+        self.failures.insert(id.clone(), f);
+        self.failure_order.push_back(id);
+        while self.failures.len() > RETAINED_RECORDS {
+            let Some(oldest) = self.failure_order.pop_front() else {
+                break;
+            };
+            self.failures.remove(&oldest);
+        }
     }
 
     fn set_outcome(&mut self, command: &CommandId, outcome: CommandOutcome) {

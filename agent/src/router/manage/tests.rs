@@ -509,3 +509,26 @@ fn a_restarted_router_adopts_the_runners_workers_still_run() {
     assert_eq!(instance.nodes(), BTreeSet::from([NodeId::from("w1")]));
     assert!(state.runners[&runner].is_ready());
 }
+
+#[test]
+fn finished_command_records_are_retained_up_to_a_bound() {
+    let mut m = with_workers();
+    let mut last = None;
+    for i in 0..600u64 {
+        let instance = preview_instance(&mut m, "w1");
+        let (id, _) = ids(&instance);
+        m.create(Millis(i), CreateInstanceRequest { instance })
+            .unwrap();
+        let (ack, _) = m.delete(Millis(i), &id).unwrap();
+        m.observe(Millis(i), 0, &obs("w1", vec![], vec![]));
+        last = Some(ack.command_id);
+    }
+    let state = m.state(Millis(600), 0);
+    let commands = state.commands.unwrap();
+    assert_eq!(commands.len(), RETAINED_RECORDS);
+    assert!(matches!(
+        commands[&last.unwrap()].outcome,
+        CommandOutcome::Applied(_)
+    ));
+    assert_eq!(state.last_event_applied_idx, 1199);
+}

@@ -62,11 +62,15 @@ fn fixture() -> Fixture {
 }
 
 fn open(f: &Fixture) -> (Models, mpsc::UnboundedReceiver<ModelEvent>) {
+    open_on(f, Backend::Host)
+}
+
+fn open_on(f: &Fixture, backend: Backend) -> (Models, mpsc::UnboundedReceiver<ModelEvent>) {
     let (tx, rx) = mpsc::unbounded_channel();
     let models = Models::open(
         ModelsConfig {
             dir: f.models_dir.clone(),
-            backend: Backend::Host,
+            backend,
             device: 0,
             page_size: 16,
             kv_budget: 1 << 20,
@@ -305,4 +309,29 @@ async fn a_missing_source_file_and_a_too_small_budget_fail_with_reasons() {
         }
         other => panic!("{other:?}"),
     }
+}
+
+/// Runs only where a CUDA driver is present (a GPU host): the weights and the KV page
+/// pool go to device memory and are released on removal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_cuda_a_runner_loads_into_device_memory_and_releases_it() {
+    if !crate::memory::cuda::driver_present() {
+        println!("skipped: no CUDA driver on this host");
+        return;
+    }
+    let f = fixture();
+    let (mut models, mut rx) = open_on(&f, Backend::Cuda);
+    let a = artifact(&f.source);
+    models.place(place(&f, a.clone(), "r1"));
+    assert_eq!(settle(&mut models, &mut rx, "r1").await, RunnerStage::Ready);
+    let pool = runner(&models.reports(&BTreeSet::new()).1, "r1")
+        .pool
+        .unwrap();
+    assert_eq!(pool.weights_bytes, a.total_bytes());
+    assert_eq!(pool.pages, 256);
+    models.remove(&RemoveRunner {
+        instance_id: "i-r1".into(),
+        runner_id: "r1".into(),
+    });
+    assert!(models.ready_models().is_empty());
 }
