@@ -33,6 +33,9 @@
 //!   `request_cancelled` (spec §9: cancelled → 500); a client that disconnected gets no
 //!   answer, and its request is cancelled once.
 //! - Sampling fields are validated and carried but not applied (greedy decoding).
+//! - A non-streamed answer for a model placed through den's management API names the
+//!   instance that served it (`served_by`); `?den_instance=ID` pins a request to that
+//!   instance (the placement probe uses it), and no other worker may serve it.
 //!
 //! Error mapping (every body is `{"error":{"message","type","param","code"}}`):
 //!

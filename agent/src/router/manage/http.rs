@@ -13,6 +13,9 @@
 //! | `GET /models/requirements?model_id=…[&context_tokens=…]` | [`den_protocol::skulk::ModelRequirements`] |
 //! | `GET /models` | the catalog (`{"object": "list", "data": [...]}`) |
 //!
+//! Inference goes through the OpenAI ingress on the same port: completions of a placed
+//! model carry `served_by` (the instance), and `?den_instance=ID` pins a request to one.
+//!
 //! Every endpoint requires the router's token when one is configured (401 otherwise).
 //! Errors use Skulk's envelope `{"error": {"message", "type", "param", "code"}}` with
 //! den's stable category in `error.den_code`; a missing required query parameter is

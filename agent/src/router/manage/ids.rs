@@ -33,17 +33,18 @@ impl IdGen {
         let d = h.finalize();
         let mut b = [0u8; 16];
         b.copy_from_slice(d.get(..16).unwrap_or(&[0u8; 16]));
-        // Version 4, RFC 4122 variant.
+        // Version 4, RFC 4122 variant. (Constant indices into a 16-byte array.)
         b[6] = (b[6] & 0x0f) | 0x40;
         b[8] = (b[8] & 0x3f) | 0x80;
         let x = hex::encode(b);
+        let part = |r: std::ops::Range<usize>| x.get(r).unwrap_or("");
         format!(
             "{}-{}-{}-{}-{}",
-            &x[0..8],
-            &x[8..12],
-            &x[12..16],
-            &x[16..20],
-            &x[20..32]
+            part(0..8),
+            part(8..12),
+            part(12..16),
+            part(16..20),
+            part(20..32)
         )
     }
 }

@@ -110,7 +110,8 @@ pub fn load(job: &LoadJob) -> Result<Loaded, LoadError> {
     })?;
     let mut weights = open(job, ArenaGeometry::new(1, rows, row), "weights")?;
     let layers = u64::from(job.artifact.layers);
-    let mut buf = vec![0u8; usize::try_from(row).unwrap_or(usize::MAX)];
+    // `row` ≤ WEIGHT_ROW (1 MiB), so it fits a usize.
+    let mut buf = vec![0u8; usize::try_from(row).unwrap_or(1 << 20)];
     let mut filled = 0usize;
     let mut next_row: u32 = 0;
     let mut loaded: u64 = 0;
