@@ -15,6 +15,8 @@ use den_tests::binary;
 const TOKEN: &str = "tmux-e2e-token";
 
 struct Tmux {
+    /// A private tmux server (`-L`), so the test never touches the user's sessions.
+    socket: String,
     session: String,
     err: PathBuf,
     _dir: tempfile::TempDir,
@@ -28,6 +30,7 @@ impl Tmux {
         let dir = tempfile::tempdir().expect("temp dir");
         let err = dir.path().join("den.err");
         let session = format!("den-e2e-{}", std::process::id());
+        let socket = session.clone();
         let cmd = format!(
             "env DEN_TOKEN={TOKEN} XDG_STATE_HOME={state} {den} --no-record demo 2>{err}",
             state = dir.path().display(),
@@ -36,6 +39,8 @@ impl Tmux {
         );
         let status = Command::new("tmux")
             .args([
+                "-L",
+                &socket,
                 "new-session",
                 "-d",
                 "-s",
@@ -50,17 +55,33 @@ impl Tmux {
             .expect("tmux new-session");
         assert!(status.success(), "tmux could not start the session");
         let _ = Command::new("tmux")
-            .args(["set-option", "-t", &session, "remain-on-exit", "on"])
+            .args([
+                "-L",
+                &socket,
+                "set-option",
+                "-t",
+                &session,
+                "remain-on-exit",
+                "on",
+            ])
             .status();
         Some(Tmux {
+            socket,
             session,
             err,
             _dir: dir,
         })
     }
 
+    fn tmux(&self) -> Command {
+        let mut cmd = Command::new("tmux");
+        cmd.args(["-L", &self.socket]);
+        cmd
+    }
+
     fn capture(&self) -> String {
-        let out = Command::new("tmux")
+        let out = self
+            .tmux()
             .args(["capture-pane", "-t", &self.session, "-p"])
             .output()
             .expect("tmux capture-pane");
@@ -68,7 +89,8 @@ impl Tmux {
     }
 
     fn keys(&self, keys: &[&str]) {
-        let status = Command::new("tmux")
+        let status = self
+            .tmux()
             .args(["send-keys", "-t", &self.session])
             .args(keys)
             .status()
@@ -79,7 +101,8 @@ impl Tmux {
 
     /// Text typed literally (so `:` and `/` are not taken as tmux key names).
     fn type_text(&self, text: &str) {
-        let status = Command::new("tmux")
+        let status = self
+            .tmux()
             .args(["send-keys", "-t", &self.session, "-l", text])
             .status()
             .expect("tmux send-keys -l");
@@ -121,9 +144,7 @@ impl Tmux {
 
 impl Drop for Tmux {
     fn drop(&mut self) {
-        let _ = Command::new("tmux")
-            .args(["kill-session", "-t", &self.session])
-            .status();
+        let _ = self.tmux().arg("kill-server").status();
     }
 }
 
