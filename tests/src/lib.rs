@@ -31,6 +31,7 @@ pub mod fixture_client;
 pub mod fixture_server;
 pub mod manage;
 pub mod process;
+pub mod s3;
 pub mod script;
 
 use std::future::Future;

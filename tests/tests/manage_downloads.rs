@@ -9,7 +9,6 @@
 //! Needs `cargo build -p den-agent` first.
 
 use std::collections::BTreeSet;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
 
@@ -20,6 +19,7 @@ use den_tests::agents::{Router, client, start_router, start_worker, start_worker
 use den_tests::manage::{
     Mgmt, artifact, card, downloads_of, file_in, instance_ids, upload_s3, write_files,
 };
+use den_tests::s3::TestS3;
 
 const MODEL: &str = "den/tiny-chat";
 
@@ -224,36 +224,14 @@ async fn manage_file_source_checksum_failure_then_retry_with_a_new_attempt() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn manage_s3_source_downloads_verifies_and_serves() {
-    let Some(endpoint) = std::env::var("DEN_TEST_S3_ENDPOINT")
-        .ok()
-        .filter(|e| !e.trim().is_empty())
-    else {
+    let Some(s3) = TestS3::from_env() else {
         println!("skipped: DEN_TEST_S3_ENDPOINT is not set");
         return;
     };
-    let bucket = std::env::var("DEN_TEST_S3_BUCKET").unwrap_or_else(|_| "den-test".into());
-    let var = |k: &str, d: &str| {
-        std::env::var(k)
-            .ok()
-            .filter(|v| !v.is_empty())
-            .unwrap_or_else(|| d.into())
-    };
-    let env = [
-        ("AWS_ENDPOINT_URL", endpoint.clone()),
-        ("AWS_ACCESS_KEY_ID", var("AWS_ACCESS_KEY_ID", "testing")),
-        (
-            "AWS_SECRET_ACCESS_KEY",
-            var("AWS_SECRET_ACCESS_KEY", "testing"),
-        ),
-        ("AWS_REGION", var("AWS_REGION", "us-east-1")),
-    ];
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    let prefix = format!("models-{nanos}/tiny");
+    let (endpoint, bucket, env) = (&s3.endpoint, &s3.bucket, s3.env.clone());
+    let prefix = format!("{}/tiny", TestS3::fresh_prefix("models"));
     let files = artifact(9, 1_500_000);
-    upload_s3(&endpoint, &bucket, &prefix, &files).await;
+    upload_s3(endpoint, bucket, &prefix, &files).await;
     let assets = tempfile::tempdir().unwrap();
     let catalog = assets.path().join("catalog");
     std::fs::create_dir_all(&catalog).unwrap();
