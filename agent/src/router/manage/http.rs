@@ -24,7 +24,7 @@
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Json, Response};
 use axum::routing::get;
 use serde_json::json;
@@ -35,9 +35,9 @@ use den_protocol::skulk::api::{CreateInstanceRequest, NodeIdentityResponse};
 use den_protocol::skulk::{InstanceId, ModelId};
 
 use super::{PreviewQuery, Refusal, Request};
-use crate::auth;
 use crate::router::RouterHandle;
 use crate::router::actor::Command;
+use crate::router::http::check_token;
 
 /// The management routes, with the router handle as state.
 pub fn routes(handle: RouterHandle) -> Router {
@@ -82,20 +82,9 @@ fn missing(param: &str) -> Response {
 
 /// The 401 answer when the request lacks the router's token.
 fn unauthorized(handle: &RouterHandle, headers: &HeaderMap) -> Option<Response> {
-    let presented = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok());
-    auth::check(handle.options().token.as_ref(), presented)
+    check_token(handle, headers)
         .err()
-        .map(|e| {
-            handle.metrics().counter_add(
-                "den_router_unauthorized_total",
-                "Requests refused for a missing or wrong token.",
-                &[],
-                1.0,
-            );
-            envelope(StatusCode::UNAUTHORIZED, "unauthorized", &e.to_string())
-        })
+        .map(|e| envelope(StatusCode::UNAUTHORIZED, "unauthorized", &e.to_string()))
 }
 
 /// Sends a request to the router actor and waits for its answer (`None`: the actor
