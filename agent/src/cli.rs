@@ -22,6 +22,7 @@ use crate::config::{parse_bytes, parse_duration};
 use crate::engine::EngineCosts;
 use crate::logging::LogFormat;
 use crate::router::RouterOptions;
+use crate::router::manage::Catalog;
 use crate::tiers::ObjectConfig;
 use crate::worker::{Backend, DEFAULT_MODEL, WorkerOptions};
 
@@ -110,6 +111,10 @@ pub struct RouterArgs {
     /// On SIGTERM/SIGINT, how long in-flight requests may finish before they are cancelled [default: 30s].
     #[arg(long, env = "DEN_DRAIN_TIMEOUT", value_name = "DURATION", value_parser = parse_duration)]
     pub drain_timeout: Option<Duration>,
+    /// Directory of model cards (*.toml) the management API places (POST /instance);
+    /// see agent/catalog/README.md [default: none, nothing can be placed].
+    #[arg(long, env = "DEN_CATALOG", value_name = "DIR")]
+    pub catalog: Option<PathBuf>,
 }
 
 /// Options of `den-agent worker`.
@@ -196,6 +201,10 @@ pub struct WorkerArgs {
     /// Largest control frame accepted from the router [default: 16MiB].
     #[arg(long, env = "DEN_MAX_FRAME", value_name = "BYTES", value_parser = parse_bytes)]
     pub max_frame: Option<u64>,
+    /// KV page pool budget of a placed model's runner: its pages are sized from the
+    /// model card's KV bytes per token within it [default: pages × page size × kv bytes per token].
+    #[arg(long, env = "DEN_KV_BUDGET", value_name = "BYTES", value_parser = parse_bytes)]
+    pub kv_budget: Option<u64>,
 }
 
 /// Options of `den-agent local`.
@@ -290,6 +299,7 @@ pub struct RouterFile {
     pub chunk_size: Option<u32>,
     pub max_frame: Option<Size>,
     pub drain_timeout: Option<String>,
+    pub catalog: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -320,6 +330,7 @@ pub struct WorkerFile {
     pub drain_timeout: Option<String>,
     pub verify_restores: Option<bool>,
     pub max_frame: Option<Size>,
+    pub kv_budget: Option<Size>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -394,6 +405,10 @@ pub fn router_options(
             .drain_timeout
             .or(dur(&f.drain_timeout, "router.drain_timeout")?)
             .unwrap_or(d.drain_timeout),
+        catalog: match a.catalog.as_ref().or(f.catalog.as_ref()) {
+            Some(dir) => std::sync::Arc::new(Catalog::load_dir(dir).map_err(|e| e.to_string())?),
+            None => d.catalog,
+        },
     };
     if opts.heartbeat_interval >= opts.heartbeat_timeout {
         return Err(format!(
@@ -481,6 +496,7 @@ pub fn worker_options(a: &WorkerArgs, f: &WorkerFile) -> Result<WorkerOptions, S
         .or(dur(&f.drain_timeout, "worker.drain_timeout")?)
         .unwrap_or(o.drain_timeout);
     o.verify_restores = a.verify_restores.or(f.verify_restores).unwrap_or(true);
+    o.kv_budget = a.kv_budget.or(size(&f.kv_budget, "worker.kv_budget")?);
     o.max_frame = usize::try_from(
         a.max_frame
             .or(size(&f.max_frame, "worker.max_frame")?)

@@ -62,8 +62,13 @@ async fn router(args: &cli::RouterArgs, file: &FileConfig) -> ExitCode {
     };
     let addr = listener.local_addr().unwrap_or(listen);
     say(&format!("den-agent router listening on http://{addr}"));
-    tracing::info!(%addr, chunk_size = opts.chunk_size, "router started");
-    let server = RouterServer::start(opts).with_ingress();
+    tracing::info!(
+        %addr,
+        chunk_size = opts.chunk_size,
+        catalog = opts.catalog.len(),
+        "router started"
+    );
+    let server = RouterServer::start(opts).with_ingress().with_management();
     match server.serve(listener, shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(1, &format!("router failed: {e}")),

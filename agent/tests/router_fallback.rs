@@ -1,7 +1,7 @@
 //! The router runtime in-process against scripted workers on a real loopback WebSocket:
-//! an offer whose worker lost its connection fails over at once (no offer timer), the
-//! worker's remaining alternatives are skipped without waiting, and the next worker's
-//! accept, token and result reach the submitter.
+//! an offer to a worker that lost its connection fails over at once (no offer timer),
+//! that worker's remaining alternatives are skipped, and the next worker's accept, token
+//! and result reach the submitter.
 
 use std::time::Duration;
 
@@ -11,6 +11,7 @@ use tokio_tungstenite::tungstenite::Message;
 
 use den_agent::router::{RouterOptions, RouterServer};
 use den_agent::serving::Submitter;
+use den_protocol::capacity::DeclineReason;
 use den_protocol::chunk::plan_chunks;
 use den_protocol::ids::{AssignmentId, Epoch};
 use den_protocol::observation::{GpuPrefix, Observation};
@@ -93,18 +94,24 @@ async fn offer_to_a_worker_without_a_route_fails_over_at_once() {
 
     let tokens: Vec<u32> = (300..317).collect(); // 16 processed tokens: one chunk
     let chunk = plan_chunks(&tokens[..16], 16).remove(0);
-    // w-1 advertises the whole prefix as resident: its GPU alternative ranks first, its
-    // recompute alternative second (ties go to the lower worker id), w-2's third.
+    let resident = |o: &mut Observation| {
+        o.gpu_prefixes.push(GpuPrefix {
+            model: MODEL.into(),
+            prefix_hash: chunk.hash,
+            continuation_id: "resident".into(),
+            token_count: 16,
+            bytes: 1024,
+        })
+    };
+    // Both advertise the prefix; w-2 is a little busier. Offer order: w-1/gpu, w-2/gpu,
+    // w-1/none, w-2/none.
     let mut o1 = observation("w-1");
-    o1.gpu_prefixes.push(GpuPrefix {
-        model: MODEL.into(),
-        prefix_hash: chunk.hash,
-        continuation_id: "resident".into(),
-        token_count: 16,
-        bytes: 1024,
-    });
+    resident(&mut o1);
+    let mut o2 = observation("w-2");
+    o2.queue_ms = 1.0;
+    resident(&mut o2);
     let mut w1 = worker(addr, "w-1", o1).await;
-    let mut w2 = worker(addr, "w-2", observation("w-2")).await;
+    let w2 = worker(addr, "w-2", o2).await;
     while router.workers().await.len() < 2 {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -114,17 +121,34 @@ async fn offer_to_a_worker_without_a_route_fails_over_at_once() {
     let offer = next(&mut w1).await;
     assert_eq!(offer["type"], "offer");
     assert_eq!(offer["candidate"]["tier"], "gpu");
-    drop(w1); // the connection is lost while the offer is pending
+    // w-2's connection is lost while w-1 holds the first offer: its alternatives were
+    // ranked at submission and it is the next in line.
+    drop(w2);
+    while router.workers().await.len() > 1 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let first: AssignmentId = serde_json::from_value(offer["assignment"].clone()).unwrap();
+    send(
+        &mut w1,
+        &ToRouter::OfferResult(OfferResult {
+            assignment: first,
+            worker_epoch: Epoch(1),
+            accepted: false,
+            reason: Some(DeclineReason::ResidentPrefixUnavailable),
+        }),
+    )
+    .await;
 
-    // w-1's recompute alternative has no route any more: it fails at once and w-2 gets
-    // the third offer long before any offer timer could fire.
-    let offer = next(&mut w2).await;
+    // The offer to w-2 fails at once (no route), w-2's other alternative is skipped, and
+    // w-1's recompute alternative is offered long before any offer timer could fire.
+    let offer = next(&mut w1).await;
     assert_eq!(offer["type"], "offer");
-    assert_eq!(offer["candidate"]["worker_id"], "w-2");
+    assert_eq!(offer["candidate"]["worker_id"], "w-1");
+    assert_eq!(offer["candidate"]["tier"], "none");
     assert_eq!(offer["assignment"]["attempt"], 3);
     let assignment: AssignmentId = serde_json::from_value(offer["assignment"].clone()).unwrap();
     send(
-        &mut w2,
+        &mut w1,
         &ToRouter::OfferResult(OfferResult {
             assignment: assignment.clone(),
             worker_epoch: Epoch(1),
@@ -134,7 +158,7 @@ async fn offer_to_a_worker_without_a_route_fails_over_at_once() {
     )
     .await;
     send(
-        &mut w2,
+        &mut w1,
         &ToRouter::Token(TokenDelta {
             assignment: assignment.clone(),
             token: 7,
@@ -143,7 +167,7 @@ async fn offer_to_a_worker_without_a_route_fails_over_at_once() {
     )
     .await;
     send(
-        &mut w2,
+        &mut w1,
         &ToRouter::Result(ResultMessage {
             assignment,
             result: Box::new(WorkerResult::completed(vec![7], 0)),
@@ -167,12 +191,8 @@ async fn offer_to_a_worker_without_a_route_fails_over_at_once() {
         .iter()
         .map(|a| format!("{} {}", a.worker, a.outcome))
         .collect();
-    assert_eq!(
-        outcomes,
-        [
-            "w-1 became unavailable",
-            "w-1 became unavailable",
-            "w-2 completed"
-        ]
-    );
+    assert_eq!(outcomes.len(), 3, "{outcomes:?}");
+    assert!(outcomes[0].starts_with("w-1 declined"), "{outcomes:?}");
+    assert_eq!(outcomes[1], "w-2 became unavailable");
+    assert_eq!(outcomes[2], "w-1 completed");
 }

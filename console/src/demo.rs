@@ -8,7 +8,8 @@
 //! model-free synthetic one (declared costs that really take that time).
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::runtime::Runtime;
@@ -17,6 +18,7 @@ use tokio::task::JoinHandle;
 
 use den_agent::auth::Token;
 use den_agent::engine::EngineCosts;
+use den_agent::router::manage::Catalog;
 use den_agent::router::{RouterOptions, RouterServer};
 use den_agent::worker::{self, RunningWorker, WorkerOptions};
 use den_agent::workload::{self, WorkloadReport, WorkloadSpec};
@@ -35,6 +37,8 @@ pub struct DemoOptions {
     /// Conversations in flight at once.
     pub concurrency: usize,
     pub seed: u64,
+    /// The cluster's shared token (`DEN_TOKEN`/`--token`); a fresh random one otherwise.
+    pub token: Option<String>,
 }
 
 impl Default for DemoOptions {
@@ -45,6 +49,7 @@ impl Default for DemoOptions {
             duration: None,
             concurrency: 4,
             seed: 1,
+            token: None,
         }
     }
 }
@@ -62,6 +67,8 @@ pub enum DemoError {
     Worker { name: String, detail: String },
     #[error("demo: only {ready} of {want} workers registered within 20 s")]
     NotReady { ready: usize, want: usize },
+    #[error("demo: cannot write the demo model catalog: {0}")]
+    Catalog(String),
 }
 
 /// A running demo cluster. Dropping it stops everything (shutdown is best effort);
@@ -91,13 +98,15 @@ impl Demo {
             .prefix("den-demo-")
             .tempdir()
             .map_err(DemoError::TempDir)?;
-        let token = demo_token();
+        let token = opts.token.clone().unwrap_or_else(demo_token);
         let (router_url, router_stop, router_task, workers) =
             runtime.block_on(start_cluster(opts, &token, data.path().to_path_buf()))?;
         let spec = WorkloadSpec {
             duration: opts.duration.unwrap_or(Duration::from_secs(24 * 3600)),
             concurrency: opts.concurrency.max(1),
             seed: opts.seed,
+            // Name it: once `den/demo-chat` is placed, two models are served.
+            model: Some(den_agent::worker::DEFAULT_MODEL.to_owned()),
             ..WorkloadSpec::default()
         };
         let url = router_url.clone();
@@ -182,17 +191,21 @@ async fn start_cluster(
     token: &str,
     data: PathBuf,
 ) -> Result<Started, DemoError> {
+    let catalog = write_catalog(&data).map_err(DemoError::Catalog)?;
     let router_opts = RouterOptions {
         name: "demo-router".into(),
         token: Token::new(token),
         chunk_size: 64,
+        catalog: Arc::new(catalog),
         ..RouterOptions::default()
     };
     let listener = RouterServer::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
         .await
         .map_err(DemoError::Bind)?;
     let addr = listener.local_addr().map_err(DemoError::Bind)?;
-    let server = RouterServer::start(router_opts).with_ingress();
+    let server = RouterServer::start(router_opts)
+        .with_ingress()
+        .with_management();
     let handle = server.handle();
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let router_task = tokio::spawn(server.serve(listener, async {
@@ -241,4 +254,39 @@ fn demo_token() -> String {
         .unwrap_or(0);
     let pid = std::process::id();
     format!("demo-{:x}", nanos ^ (u128::from(pid) << 64))
+}
+
+/// The model operators can place in the demo: `place den/demo-chat`.
+pub const DEMO_MODEL: &str = "den/demo-chat";
+
+/// A one-card catalog under `data/catalog` whose artifact (two small files with their
+/// sizes and SHA-256) is served from `data/artifacts/demo-chat` through `file://`, so a
+/// placement really downloads, verifies, installs and loads it.
+fn write_catalog(data: &Path) -> Result<Catalog, String> {
+    use sha2::{Digest, Sha256};
+    let artifacts = data.join("artifacts").join("demo-chat");
+    let cards = data.join("catalog");
+    std::fs::create_dir_all(&artifacts).map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(&cards).map_err(|e| e.to_string())?;
+    let config = b"{\"architecture\": \"den-synthetic\", \"layers\": 2}\n".to_vec();
+    // Deterministic "weights": the demo's engine is synthetic; the bytes only have to
+    // be downloaded, verified and loaded.
+    let weights: Vec<u8> = (0..(1u32 << 20))
+        .map(|i| (i.wrapping_mul(2654435761) >> 24) as u8)
+        .collect();
+    let mut files = String::new();
+    for (name, bytes) in [("config.json", &config), ("weights.bin", &weights)] {
+        std::fs::write(artifacts.join(name), bytes).map_err(|e| e.to_string())?;
+        let sha = hex::encode(Sha256::digest(bytes));
+        files.push_str(&format!(
+            "\n[[files]]\npath = \"{name}\"\nbytes = {}\nsha256 = \"{sha}\"\n",
+            bytes.len()
+        ));
+    }
+    let card = format!(
+        "model_id = \"{DEMO_MODEL}\"\nregistry_card_id = \"den-registry:demo-chat:v1\"\nfamily = \"den-synthetic\"\nquantization = \"bf16\"\nsource = \"file://{}\"\ncontext_length = 4096\nbackends = [\"host\", \"cuda\"]\nrequired_capabilities = [\"text-generation\"]\n\n[kv]\nlayers = 2\nkv_heads = 2\nhead_dim = 64\ndtype = \"bf16\"\n{files}",
+        artifacts.display()
+    );
+    std::fs::write(cards.join("demo-chat.toml"), card).map_err(|e| e.to_string())?;
+    Catalog::load_dir(&cards).map_err(|e| e.to_string())
 }

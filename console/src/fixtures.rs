@@ -6,16 +6,15 @@
 use std::path::{Path, PathBuf};
 
 use den_protocol::candidate::Tier;
-use den_protocol::candidates::{Catalog, ChunkEntry, candidates_for};
-use den_protocol::chunk::plan_chunks;
+use den_protocol::candidates::{Catalog, candidates_for};
 use den_protocol::decision::DecisionRecord;
 use den_protocol::evidence::{PollFailure, PollFailureKind};
 use den_protocol::feed::{FEED_VERSION, FeedMessage};
 use den_protocol::ids::{Epoch, RequestId};
-use den_protocol::observation::{GpuPrefix, Observation, PoolStats, TierUsage};
+use den_protocol::observation::{Observation, PoolStats, TierUsage};
 use den_protocol::request::GenerationRequest;
 use den_protocol::session::{SessionEvent, SourceId, SourceKind, Stamped};
-use den_protocol::sim::{SimConfig, Simulation};
+use den_protocol::sim::{SimConfig, Simulation, sim7_cluster, sim7_worker};
 use den_protocol::skulk::State;
 use den_protocol::time::Millis;
 use den_protocol::worker::Counters;
@@ -169,53 +168,15 @@ fn request(id: &str, processed: u32, max_new: u32) -> Result<GenerationRequest, 
         .map_err(|e| e.to_string())
 }
 
-/// Four catalogued 64-token chunks; gpu-a holds SSD replicas of the first three, gpu-b
-/// (45 ms of queue) advertises all 256 tokens in GPU pages.
+/// The simulator's SIM-7 cluster (gpu-a holds SSD replicas of the first three chunks,
+/// gpu-b, with 45 ms of queue, advertises all 256 tokens in GPU pages) plus a third
+/// worker that cannot take the request, so the record shows an infeasible candidate.
 fn cluster(request: &GenerationRequest) -> (Catalog, Vec<Observation>) {
-    let plan = plan_chunks(request.processed_tokens(), 64);
-    let mut catalog = Catalog::default();
-    for d in plan.iter().take(4) {
-        catalog.publish(ChunkEntry {
-            model: SIM_MODEL.into(),
-            hash: d.hash,
-            parent: d.parent,
-            start: d.start,
-            token_count: d.token_count,
-            bytes: MIB,
-            object: false,
-        });
-    }
-    for d in plan.iter().take(3) {
-        catalog.add_replica("gpu-a".into(), SIM_MODEL.into(), d.hash, Tier::Ssd);
-    }
-    let observe = |id: &str, queue_ms: f64| {
-        let mut o = Observation::new(id, id);
-        o.models.insert(SIM_MODEL.into());
-        o.queue_ms = queue_ms;
-        o.free_pages = 64;
-        o.max_context = 1024;
-        o.prefill_ms_per_token = 0.2;
-        o.first_token_ms = 2.0;
-        o.gpu_restore_bytes_per_ms = MIB as f64;
-        o.tier_throughput_bytes_per_ms.insert(Tier::Ssd, MIB as f64);
-        o.tier_fixed_ms.insert(Tier::Ssd, 0.0);
-        o
-    };
-    let warm = observe("gpu-a", 0.0);
-    let mut busy = observe("gpu-b", 45.0);
-    if let Some(last) = plan.get(3) {
-        busy.gpu_prefixes.push(GpuPrefix {
-            model: SIM_MODEL.into(),
-            prefix_hash: last.hash,
-            continuation_id: "busy-route".into(),
-            token_count: 256,
-            bytes: 4 * MIB,
-        });
-    }
-    // A third worker that cannot take the request shows an infeasible candidate.
-    let mut full = observe("gpu-c", 0.0);
+    let (catalog, mut observations) = sim7_cluster(request, SIM_MODEL, "gpu-a", "gpu-b");
+    let mut full = sim7_worker("gpu-c", SIM_MODEL, 0.0);
     full.free_pages = 0;
-    (catalog, vec![warm, busy, full])
+    observations.push(full);
+    (catalog, observations)
 }
 
 /// The main fixture scenario, drawn at [`SCENARIO_NOW`]:

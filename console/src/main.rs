@@ -118,6 +118,7 @@ async fn demo(
     let opts = DemoOptions {
         workers,
         duration,
+        token: settings.token.clone(),
         ..DemoOptions::default()
     };
     // The cluster owns a runtime of its own; start and stop it off this runtime's threads.

@@ -8,6 +8,8 @@
 //!   server (`skulk-fixture-server --script FILE [--listen ADDR] [--var NAME=VALUE]...`),
 //!   its script format, and [`FixtureServer`] to start it and read back what it received.
 //! - [`agents`]: starting den's router and workers for end-to-end tests.
+//! - [`manage`]: model artifacts, catalog cards and a client of the router's management
+//!   API for its end-to-end tests.
 //! - Below: [`wait_until`] / [`wait_until_async`] polling, [`free_port`], [`temp_dir`],
 //!   and paths of the vendored fixtures ([`fixtures_dir`]).
 //!
@@ -27,7 +29,9 @@
 pub mod agents;
 pub mod fixture_client;
 pub mod fixture_server;
+pub mod manage;
 pub mod process;
+pub mod s3;
 pub mod script;
 
 use std::future::Future;

@@ -7,41 +7,20 @@
 //! `curl -X PUT http://127.0.0.1:9000/den-test`, then
 //! `DEN_TEST_S3_ENDPOINT=http://127.0.0.1:9000 cargo test -p den-tests --test agents_s3`.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use den_tests::agents::{body, metric, prompt, start_router, start_worker_env, wait_for};
+use den_tests::s3::TestS3;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_object_tier_on_s3_restores_across_workers() {
-    let Some(endpoint) = std::env::var("DEN_TEST_S3_ENDPOINT")
-        .ok()
-        .filter(|e| !e.trim().is_empty())
-    else {
+    let Some(s3) = TestS3::from_env() else {
         println!("skipped: DEN_TEST_S3_ENDPOINT is not set");
         return;
     };
-    let bucket = std::env::var("DEN_TEST_S3_BUCKET").unwrap_or_else(|_| "den-test".into());
-    let var = |k: &str, d: &str| {
-        std::env::var(k)
-            .ok()
-            .filter(|v| !v.is_empty())
-            .unwrap_or_else(|| d.into())
-    };
-    let env = [
-        ("AWS_ENDPOINT_URL", endpoint.clone()),
-        ("AWS_ACCESS_KEY_ID", var("AWS_ACCESS_KEY_ID", "testing")),
-        (
-            "AWS_SECRET_ACCESS_KEY",
-            var("AWS_SECRET_ACCESS_KEY", "testing"),
-        ),
-        ("AWS_REGION", var("AWS_REGION", "us-east-1")),
-    ];
+    let (bucket, env) = (&s3.bucket, s3.env.clone());
     // A fresh prefix per run: runs never see each other's chunks.
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    let url = format!("s3://{bucket}/agents-{nanos}");
+    let url = format!("s3://{bucket}/{}", TestS3::fresh_prefix("agents"));
     let args = [
         "--object-store",
         url.as_str(),

@@ -35,20 +35,25 @@ pub fn routes(handle: RouterHandle) -> Router {
 
 /// The 401 response when the request does not carry the shared token, else `None`.
 pub fn unauthorized(handle: &RouterHandle, headers: &HeaderMap) -> Option<Response> {
+    check_token(handle, headers)
+        .err()
+        .map(|e| error(StatusCode::UNAUTHORIZED, &e.to_string()))
+}
+
+/// Checks the request's bearer token against the router's (in constant time), counting
+/// each refusal; every HTTP surface of the router answers its own error shape from this.
+pub fn check_token(handle: &RouterHandle, headers: &HeaderMap) -> Result<(), auth::AuthError> {
     let presented = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
-    auth::check(handle.options().token.as_ref(), presented)
-        .err()
-        .map(|e| {
-            handle.metrics().counter_add(
-                "den_router_unauthorized_total",
-                "Requests refused for a missing or wrong token.",
-                &[],
-                1.0,
-            );
-            error(StatusCode::UNAUTHORIZED, &e.to_string())
-        })
+    auth::check(handle.options().token.as_ref(), presented).inspect_err(|_| {
+        handle.metrics().counter_add(
+            "den_router_unauthorized_total",
+            "Requests refused for a missing or wrong token.",
+            &[],
+            1.0,
+        );
+    })
 }
 
 /// A JSON error body.

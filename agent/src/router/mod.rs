@@ -18,18 +18,20 @@
 //! - `GET /v1/workers`, `POST /v1/workers/{id}/drain` and `/undrain`;
 //! - `GET /metrics` (Prometheus text), `GET /healthz`.
 //!
-//! The OpenAI-compatible ingress and the management API are mounted by their own modules
-//! with [`RouterServer::with_routes`]; they reach the router through [`RouterHandle`],
-//! which implements [`crate::serving::Submitter`].
+//! The OpenAI-compatible ingress and the management API ([`manage`]: `/node_id`,
+//! `/state`, `/instance/…`, `/models/…`) are mounted by their own modules
+//! ([`RouterServer::with_ingress`], [`RouterServer::with_management`]); they reach the
+//! router through [`RouterHandle`], which implements [`crate::serving::Submitter`].
 
 pub mod actor;
 pub mod conn;
 pub mod feed;
 pub mod generate;
 pub mod http;
+pub mod manage;
 pub mod timers;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -75,6 +77,8 @@ pub struct RouterOptions {
     pub snapshot_interval: Duration,
     /// On shutdown, how long in-flight requests may take before they are cancelled.
     pub drain_timeout: Duration,
+    /// The model catalog of the management API (`--catalog DIR`; empty by default).
+    pub catalog: Arc<manage::Catalog>,
 }
 
 impl Default for RouterOptions {
@@ -92,6 +96,7 @@ impl Default for RouterOptions {
             max_frame: DEFAULT_MAX_FRAME,
             snapshot_interval: Duration::from_secs(5),
             drain_timeout: Duration::from_secs(30),
+            catalog: Arc::new(manage::Catalog::default()),
         }
     }
 }
@@ -114,6 +119,9 @@ pub(crate) struct Shared {
     /// Turns true when the actor stopped: console feeds close.
     pub(crate) closing: watch::Sender<bool>,
     pub(crate) started_unix_ms: u64,
+    /// The instance that served each completed request of a placed model, until its
+    /// record is collected (the ingress names it as `served_by`).
+    served_by: Mutex<BTreeMap<RequestId, String>>,
 }
 
 impl Shared {
@@ -123,6 +131,10 @@ impl Shared {
 
     pub(crate) fn set_models(&self, models: Vec<ServedModel>) {
         *self.models.write().unwrap_or_else(|p| p.into_inner()) = models;
+    }
+
+    pub(crate) fn served_by(&self) -> MutexGuard<'_, BTreeMap<RequestId, String>> {
+        self.served_by.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -141,6 +153,17 @@ impl RouterHandle {
         request: GenerationRequest,
         deadline: Option<Duration>,
     ) -> Result<DeliveryStream, SubmitError> {
+        self.submit_to(request, deadline, None)
+    }
+
+    /// Submit, offering the request only to the worker of placed instance `pin` (no
+    /// candidate when the instance is unknown).
+    pub fn submit_to(
+        &self,
+        request: GenerationRequest,
+        deadline: Option<Duration>,
+        pin: Option<den_protocol::skulk::InstanceId>,
+    ) -> Result<DeliveryStream, SubmitError> {
         if self.shared.shutting_down.load(Ordering::Relaxed) {
             return Err(SubmitError::ShuttingDown);
         }
@@ -153,6 +176,7 @@ impl RouterHandle {
             request: Arc::new(request),
             deliveries: tx,
             deadline,
+            pin,
         };
         match self.tx.try_send(cmd) {
             Ok(()) => Ok(rx),
@@ -240,6 +264,15 @@ impl Submitter for RouterHandle {
         self.submit_with_deadline(request, None)
     }
 
+    fn submit_pinned(
+        &self,
+        request: GenerationRequest,
+        instance: Option<&str>,
+    ) -> Result<DeliveryStream, SubmitError> {
+        let pin = instance.map(den_protocol::skulk::InstanceId::from);
+        self.submit_to(request, None, pin)
+    }
+
     fn cancel(&self, request: &RequestId) {
         let cmd = Command::Cancel {
             request: request.clone(),
@@ -265,6 +298,10 @@ impl Submitter for RouterHandle {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    fn served_by(&self, request: &RequestId) -> Option<String> {
+        self.shared.served_by().get(request).cloned()
     }
 }
 
@@ -294,6 +331,7 @@ impl RouterServer {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_millis() as u64)
                 .unwrap_or(0),
+            served_by: Mutex::new(BTreeMap::new()),
             opts,
         });
         let actor = tokio::spawn(actor::RouterActor::new(Arc::clone(&shared)).run(rx));
@@ -322,6 +360,12 @@ impl RouterServer {
             ..crate::ingress::IngressConfig::default()
         };
         let routes = crate::ingress::routes(Arc::new(self.handle.clone()), config);
+        self.with_routes(routes)
+    }
+
+    /// Mount the management API ([`manage::http`]) with this router's token and catalog.
+    pub fn with_management(self) -> Self {
+        let routes = manage::http::routes(self.handle.clone());
         self.with_routes(routes)
     }
 

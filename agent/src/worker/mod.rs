@@ -6,7 +6,9 @@
 //! worker state machine of `den-protocol` ([`actor`]) against the real page pool
 //! ([`pool`]). Restores, prefills and decodes run on one serialized execution queue per
 //! device ([`device`]); completed routes are checkpointed into the tiers and published
-//! only after the storage receipts ([`store`]).
+//! only after the storage receipts ([`store`]). Models placed through the router's
+//! management API are downloaded, verified, installed and loaded by [`models`]; their
+//! download attempts and runners ride on every heartbeat.
 //!
 //! Start one with [`start`] (library use: tests, benchmarks, `den-agent local`) or
 //! [`run`] (the CLI). Both stop on their shutdown signal by draining: new offers are
@@ -20,6 +22,7 @@ pub mod epoch;
 pub mod faults;
 pub mod link;
 pub mod meters;
+pub mod models;
 pub mod pool;
 pub mod store;
 
@@ -97,6 +100,9 @@ pub struct WorkerOptions {
     pub drain_timeout: Duration,
     pub verify_restores: bool,
     pub max_frame: usize,
+    /// KV page pool budget of a placed model's runner (default: the bytes of the
+    /// worker's own arena, pages × page size × kv bytes per token).
+    pub kv_budget: Option<u64>,
 }
 
 impl WorkerOptions {
@@ -127,6 +133,7 @@ impl WorkerOptions {
             drain_timeout: Duration::from_secs(30),
             verify_restores: true,
             max_frame: DEFAULT_MAX_FRAME,
+            kv_budget: None,
         }
     }
 }
@@ -293,6 +300,25 @@ pub async fn start(opts: WorkerOptions) -> Result<RunningWorker, WorkerError> {
         },
     )
     .map_err(WorkerError::Thread)?;
+    let (models_tx, models_rx) = mpsc::unbounded_channel();
+    let models = models::Models::open(
+        models::ModelsConfig {
+            dir: opts.data_dir.join("models"),
+            backend: opts.backend,
+            device: opts.device,
+            page_size: opts.page_size,
+            kv_budget: opts.kv_budget.unwrap_or_else(|| geometry.arena_bytes()),
+            worker: opts.name.clone(),
+            epoch,
+        },
+        models_tx,
+    )
+    .map_err(|e| {
+        WorkerError::Config(format!(
+            "cannot prepare {}: {e}",
+            opts.data_dir.join("models").display()
+        ))
+    })?;
     let machine = Worker::new(
         opts.name.clone(),
         epoch,
@@ -362,6 +388,7 @@ pub async fn start(opts: WorkerOptions) -> Result<RunningWorker, WorkerError> {
         totals,
         backend,
         epoch,
+        models,
     });
     let task = tokio::spawn(async move {
         actor
@@ -369,6 +396,7 @@ pub async fn start(opts: WorkerOptions) -> Result<RunningWorker, WorkerError> {
                 device: device_rx,
                 link: link_rx,
                 admin: admin_rx,
+                models: models_rx,
                 stop: stop_rx,
             })
             .await;

@@ -38,7 +38,7 @@ fn run() -> Result<String, String> {
     sim.add_worker("warm-ssd", [MODEL], Counters::new(64, 0));
 
     let first = request("request-1", 256)?;
-    let (catalog, observations) = cluster(&first);
+    let (catalog, observations) = sim7_cluster(&first, MODEL, "warm-ssd", "busy-gpu");
     let candidates = candidates_for(&first, CHUNK, &observations, &catalog);
     sim.submit(first, candidates);
     sim.run_until_response(&RequestId::from("request-1"), 1_000)
@@ -65,14 +65,21 @@ fn request(id: &str, processed: u32) -> Result<GenerationRequest, String> {
     GenerationRequest::new(id, MODEL, (0..=processed).collect(), 8).map_err(|e| e.to_string())
 }
 
-/// The SIM-7 cluster: four catalogued 64-token chunks of 1 MiB over the first 256 tokens;
-/// warm-ssd holds SSD replicas of the first three; busy-gpu advertises all 256 tokens.
-fn cluster(request: &GenerationRequest) -> (Catalog, Vec<Observation>) {
+/// The SIM-7 cluster for `model`: four catalogued 64-token chunks of 1 MiB over the
+/// first 256 tokens of `request`; `warm` (idle) holds SSD replicas of the first three;
+/// `busy` (45 ms of queue) advertises all 256 tokens in GPU pages. Shared with the
+/// console's fixtures so its decision records are the simulator's.
+pub fn sim7_cluster(
+    request: &GenerationRequest,
+    model: &str,
+    warm: &str,
+    busy: &str,
+) -> (Catalog, Vec<Observation>) {
     let plan = plan_chunks(request.processed_tokens(), CHUNK);
     let mut catalog = Catalog::default();
     for d in plan.iter().take(4) {
         catalog.publish(ChunkEntry {
-            model: MODEL.into(),
+            model: model.into(),
             hash: d.hash,
             parent: d.parent,
             start: d.start,
@@ -82,27 +89,13 @@ fn cluster(request: &GenerationRequest) -> (Catalog, Vec<Observation>) {
         });
     }
     for d in plan.iter().take(3) {
-        catalog.add_replica("warm-ssd".into(), MODEL.into(), d.hash, Tier::Ssd);
+        catalog.add_replica(warm.into(), model.into(), d.hash, Tier::Ssd);
     }
-    let observe = |id: &str, queue_ms: f64| {
-        let mut o = Observation::new(id, id);
-        o.models.insert(MODEL.into());
-        o.queue_ms = queue_ms;
-        o.page_size = 16;
-        o.free_pages = 64;
-        o.max_context = 1024;
-        o.prefill_ms_per_token = 0.2;
-        o.first_token_ms = 2.0;
-        o.gpu_restore_bytes_per_ms = MIB as f64;
-        o.tier_throughput_bytes_per_ms.insert(Tier::Ssd, MIB as f64);
-        o.tier_fixed_ms.insert(Tier::Ssd, 0.0);
-        o
-    };
-    let warm = observe("warm-ssd", 0.0);
-    let mut busy = observe("busy-gpu", 45.0);
+    let warm = sim7_worker(warm, model, 0.0);
+    let mut busy = sim7_worker(busy, model, 45.0);
     if let Some(last) = plan.get(3) {
         busy.gpu_prefixes.push(GpuPrefix {
-            model: MODEL.into(),
+            model: model.into(),
             prefix_hash: last.hash,
             continuation_id: "busy-route".into(),
             token_count: 256,
@@ -110,4 +103,20 @@ fn cluster(request: &GenerationRequest) -> (Catalog, Vec<Observation>) {
         });
     }
     (catalog, vec![warm, busy])
+}
+
+/// A worker of the SIM-7 cluster with `queue_ms` of queued work.
+pub fn sim7_worker(id: &str, model: &str, queue_ms: f64) -> Observation {
+    let mut o = Observation::new(id, id);
+    o.models.insert(model.into());
+    o.queue_ms = queue_ms;
+    o.page_size = 16;
+    o.free_pages = 64;
+    o.max_context = 1024;
+    o.prefill_ms_per_token = 0.2;
+    o.first_token_ms = 2.0;
+    o.gpu_restore_bytes_per_ms = MIB as f64;
+    o.tier_throughput_bytes_per_ms.insert(Tier::Ssd, MIB as f64);
+    o.tier_fixed_ms.insert(Tier::Ssd, 0.0);
+    o
 }

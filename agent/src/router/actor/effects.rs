@@ -115,6 +115,7 @@ impl RouterActor {
                 self.speculate(&worker, &request);
             }
         }
+        self.count_inference(&d);
         let Some(state) = self.deliveries.get_mut(&id) else {
             return;
         };
@@ -212,6 +213,7 @@ impl RouterActor {
                         };
                         let _ = self.shared.feed.send(Arc::from(encode_feed(&frame)));
                     }
+                    self.observe_for_management(&worker);
                 }
                 DiscoveryEffect::ArmExpiry {
                     worker,
@@ -242,6 +244,8 @@ impl RouterActor {
                         1.0,
                     );
                     self.timers.cancel(&TimerKey::Expiry(worker.clone()));
+                    self.manager
+                        .worker_gone(crate::router::manage::unix_now_ms(), &worker);
                     let inputs = self.router.unavailable_inputs(&worker);
                     self.pending.extend(inputs);
                     // A worker that merely missed heartbeats may come back on the same

@@ -54,6 +54,7 @@ use crate::router::timers::{Fired, TimerKey, TimerWheel};
 use crate::serving::ServedModel;
 
 mod effects;
+mod manage;
 mod report;
 
 /// What a connection task writes to its socket.
@@ -76,6 +77,8 @@ pub enum Command {
         request: Arc<GenerationRequest>,
         deliveries: mpsc::Sender<Delivery>,
         deadline: Option<Duration>,
+        /// Offer only to the worker of this placed instance.
+        pin: Option<den_protocol::skulk::InstanceId>,
     },
     Cancel {
         request: RequestId,
@@ -118,6 +121,8 @@ pub enum Command {
         drain: Duration,
         reply: oneshot::Sender<()>,
     },
+    /// A management API request (`crate::router::manage`).
+    Manage(crate::router::manage::Request),
 }
 
 struct ConnInfo {
@@ -161,6 +166,8 @@ pub struct RouterActor {
     started: Instant,
     shutdown: Option<(Instant, oneshot::Sender<()>)>,
     cancelled_for_shutdown: bool,
+    /// Instances, commands and the workers' download and runner reports.
+    manager: crate::router::manage::Manager,
 }
 
 impl RouterActor {
@@ -172,7 +179,21 @@ impl RouterActor {
             retention_ms: ms(o.retention),
         };
         let discovery = Discovery::new(ms(o.heartbeat_timeout));
+        let manager = crate::router::manage::Manager::new(
+            crate::router::manage::ManageConfig {
+                node: o.name.clone(),
+                heartbeat_timeout_ms: ms(o.heartbeat_timeout),
+                id_seed: format!(
+                    "{}-{}-{}",
+                    o.name,
+                    shared.started_unix_ms,
+                    std::process::id()
+                ),
+            },
+            Arc::clone(&o.catalog),
+        );
         RouterActor {
+            manager,
             router: Router::new(config),
             discovery,
             catalog: Catalog::default(),
@@ -342,14 +363,19 @@ impl RouterActor {
                 request,
                 deliveries,
                 deadline,
+                pin,
             } => {
                 let amended = self.observations_with_speculation();
-                let candidates = candidates_for(
+                let mut candidates = candidates_for(
                     &request,
                     self.shared.opts.chunk_size,
                     amended.iter().map(|o| o.as_ref()),
                     &self.catalog,
                 );
+                if let Some(pin) = &pin {
+                    let worker = self.manager.worker_of(pin);
+                    candidates.retain(|c| Some(&c.worker_id) == worker.as_ref());
+                }
                 let now = self.now();
                 self.deliveries.insert(
                     request.id.clone(),
@@ -436,6 +462,7 @@ impl RouterActor {
             Command::Shutdown { drain, reply } => {
                 self.shutdown = Some((Instant::now() + drain, reply));
             }
+            Command::Manage(request) => self.on_manage(request),
         }
     }
 

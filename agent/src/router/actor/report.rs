@@ -61,6 +61,7 @@ impl RouterActor {
             }
             DecisionEventKind::Collected => {
                 self.shared.known().remove(&e.request);
+                self.shared.served_by().remove(&e.request);
                 self.dirty.remove(&e.request);
                 let frame = FeedMessage::RouteGone {
                     at: e.at,
@@ -104,22 +105,33 @@ impl RouterActor {
     }
 
     pub(super) fn update_models(&self) {
-        let mut by_model: BTreeMap<&str, (usize, u32)> = BTreeMap::new();
+        let mut by_model: BTreeMap<(String, den_protocol::ids::ModelFingerprint), (usize, u32)> =
+            BTreeMap::new();
         for obs in self.discovery.registry().observations() {
             if !obs.online || obs.draining {
                 continue;
             }
             for m in &obs.models {
-                let e = by_model.entry(m.as_str()).or_insert((0, 0));
+                // A placed catalog model is listed under its model id, admitting no more
+                // than its runners' page pools hold.
+                let (id, limit) = match self.manager.served_model(m) {
+                    Some((id, limit)) => (id.to_string(), limit),
+                    None => (m.to_string(), None),
+                };
+                let context = match limit {
+                    Some(l) => obs.max_context.min(u32::try_from(l).unwrap_or(u32::MAX)),
+                    None => obs.max_context,
+                };
+                let e = by_model.entry((id, m.clone())).or_insert((0, 0));
                 e.0 += 1;
-                e.1 = e.1.max(obs.max_context);
+                e.1 = e.1.max(context);
             }
         }
         let models = by_model
             .into_iter()
-            .map(|(id, (workers, max_context))| ServedModel {
-                id: id.to_owned(),
-                fingerprint: id.into(),
+            .map(|((id, fingerprint), (workers, max_context))| ServedModel {
+                id,
+                fingerprint,
                 workers,
                 max_context,
             })

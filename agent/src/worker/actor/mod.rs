@@ -50,11 +50,44 @@ use crate::worker::WorkerOptions;
 use crate::worker::device::{DeviceEvent, DeviceHandle, Job};
 use crate::worker::link::LinkEvent;
 use crate::worker::meters::{Calibration, QueueMeter};
+use crate::worker::models::{ModelEvent, Models};
 use crate::worker::pool::SharedPool;
 use crate::worker::store::{self, BadReplica, CheckpointOutcome, ChunkIndex, Tiers};
 
 mod checkpoint;
 mod observe;
+
+impl Actor {
+    fn on_model_event(&mut self, event: ModelEvent) {
+        let progress_only = matches!(
+            event,
+            ModelEvent::Progress { .. } | ModelEvent::LoadProgress { .. }
+        );
+        self.p.models.on_event(event);
+        if progress_only {
+            // Byte and layer counts ride on the regular heartbeat.
+            return;
+        }
+        self.models_changed();
+    }
+
+    /// Runners changed: advertise the static models plus every ready runner's, and tell
+    /// the router soon.
+    fn models_changed(&mut self) {
+        let mut models: BTreeSet<den_protocol::ids::ModelFingerprint> =
+            self.p.opts.models.iter().cloned().collect();
+        models.extend(self.p.models.ready_models());
+        if &models != self.p.machine.models() {
+            tracing::info!(models = ?models, "serving models changed");
+            let effects = self
+                .p
+                .machine
+                .handle(self.now(), WorkerInput::SetModels { models });
+            self.apply(effects);
+        }
+        self.heartbeat_soon();
+    }
+}
 
 pub use checkpoint::checkpoint_plan;
 
@@ -106,6 +139,8 @@ pub struct ActorParts {
     pub totals: Arc<Mutex<TransferTotals>>,
     pub backend: String,
     pub epoch: Epoch,
+    /// Downloads, installed artifacts and runners of placed models.
+    pub models: Models,
 }
 
 /// Where the actor's inputs come from.
@@ -113,6 +148,7 @@ pub struct ActorInputs {
     pub device: mpsc::UnboundedReceiver<DeviceEvent>,
     pub link: mpsc::Receiver<LinkEvent>,
     pub admin: mpsc::Receiver<AdminCommand>,
+    pub models: mpsc::UnboundedReceiver<ModelEvent>,
     pub stop: oneshot::Receiver<()>,
 }
 
@@ -225,6 +261,7 @@ impl Actor {
                     }
                 }
                 Some(ev) = self.internal_rx.recv() => self.on_internal(ev),
+                Some(ev) = inputs.models.recv() => self.on_model_event(ev),
                 Some(cmd) = inputs.admin.recv() => self.on_admin(cmd),
                 _ = heartbeat.tick() => self.heartbeat(),
                 _ = sleep_until(self.eager), if self.eager.is_some() => self.heartbeat(),
@@ -249,6 +286,7 @@ impl Actor {
             }
         }
         tracing::info!("drained; closing the router connection and releasing memory");
+        self.p.models.shutdown();
         self.link = None;
         self.p.device.shutdown();
         tracing::info!("worker stopped");
@@ -321,6 +359,14 @@ impl Actor {
                     .handle(self.now(), WorkerInput::SetDraining { draining });
                 self.apply(effects);
                 self.heartbeat();
+            }
+            WorkerInbound::Control(Control::PlaceRunner(place)) => {
+                self.p.models.place(*place);
+                self.models_changed();
+            }
+            WorkerInbound::Control(Control::RemoveRunner(remove)) => {
+                self.p.models.remove(&remove);
+                self.models_changed();
             }
             WorkerInbound::Welcome(_)
             | WorkerInbound::Refused(_)

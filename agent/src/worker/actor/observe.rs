@@ -58,6 +58,15 @@ impl Actor {
         obs.object_store = self.p.tiers.object.is_some();
         obs.tiers = self.tier_usage.clone();
         obs.backend = self.p.backend.clone();
+        obs.kv_budget_bytes = self.p.models.kv_budget();
+        let busy: BTreeSet<den_protocol::ids::ModelFingerprint> = self
+            .live
+            .values()
+            .map(|l| l.work.request.model.clone())
+            .collect();
+        let (downloads, runners) = self.p.models.reports(&busy);
+        obs.downloads = downloads;
+        obs.runners = runners;
         obs
     }
 
