@@ -249,6 +249,22 @@ pub struct Ranking {
     pub infeasible: Vec<Scored>,
 }
 
+/// The work an assignment of `c` adds to its worker's execution queue, ms: the load and
+/// GPU upload of the cached prefix, the prefill of the missing tokens and the first
+/// decode step — the same declared costs the worker sums into its heartbeat's
+/// `queue_ms`. A router adds it to the worker's last reported queue until a heartbeat
+/// that includes the assignment arrives, so a burst does not pile onto the worker that
+/// looked idle in its last heartbeat. 0 when infeasible.
+pub fn added_work_ms(c: &Candidate, e: &Estimate) -> f64 {
+    if !e.feasible() {
+        return 0.0;
+    }
+    c.prefix_load_ms
+        + c.gpu_restore_ms
+        + e.missing.max(0) as f64 * c.prefill_ms_per_token
+        + c.first_token_ms
+}
+
 /// Rank candidates: drop infeasible ones, then sort ascending by
 /// `(ttft, −cached_token_count, worker id)`. The lowest predicted TTFT wins even when
 /// another candidate has a longer prefix; ties prefer the longer exact prefix, then a
@@ -364,6 +380,35 @@ pub(crate) mod tests {
         assert_eq!(e.ttft_ms, 57.0);
         assert_eq!(e.missing, 20);
         assert_eq!(e.required_pages, 8);
+    }
+
+    #[test]
+    fn added_work_is_the_queued_cost_without_the_queue() {
+        let c = Candidate {
+            queue_ms: 30.0,
+            prefix_load_ms: 20.0,
+            gpu_restore_ms: 5.0,
+            prefill_ms_per_token: 1.0,
+            ..router_fixture("w", Tier::Ssd, 80)
+        };
+        let e = estimate(&request_p100(), &c);
+        // load 20 + restore 5 + 20 missing × 1 + first token (the fixture's).
+        assert_eq!(added_work_ms(&c, &e), 45.0 + c.first_token_ms);
+        // The queue the worker already has is not work this assignment adds.
+        let idle = Candidate {
+            queue_ms: 0.0,
+            ..c.clone()
+        };
+        assert_eq!(
+            added_work_ms(&idle, &estimate(&request_p100(), &idle)),
+            added_work_ms(&c, &e)
+        );
+        let full = Candidate {
+            free_pages: 0,
+            evictable_pages: 0,
+            ..c
+        };
+        assert_eq!(added_work_ms(&full, &estimate(&request_p100(), &full)), 0.0);
     }
 
     #[test]

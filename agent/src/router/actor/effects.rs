@@ -1,6 +1,8 @@
 //! Interpreting the router machine's and discovery's effects: sends (with the fast
 //! fallback for workers without a route), timers, deliveries, detaches.
 
+use den_protocol::candidate::added_work_ms;
+
 use super::*;
 
 impl RouterActor {
@@ -50,6 +52,11 @@ impl RouterActor {
                         .get(&conn)
                         .is_some_and(|c| c.outbound.try_send(Outbound::Frame(text)).is_ok());
                     if sent {
+                        if let RouterMessage::Offer(o) = &out.message {
+                            let work = added_work_ms(&o.candidate, &o.estimate);
+                            self.unreflected
+                                .offered(&out.to, o.assignment.clone(), work);
+                        }
                         self.metrics().counter_add(
                             "den_router_frames_sent_total",
                             "Frames sent to workers, by type.",
@@ -114,6 +121,9 @@ impl RouterActor {
             if let (Some(worker), Some(request)) = (worker, request) {
                 self.speculate(&worker, &request);
             }
+        }
+        if terminal {
+            self.unreflected.ended(&id);
         }
         self.count_inference(&d);
         let Some(state) = self.deliveries.get_mut(&id) else {

@@ -54,6 +54,7 @@ use crate::router::timers::{Fired, TimerKey, TimerWheel};
 use crate::serving::ServedModel;
 
 mod effects;
+mod inflight;
 mod manage;
 mod report;
 
@@ -156,6 +157,8 @@ pub struct RouterActor {
     discovery: Discovery,
     catalog: Catalog,
     speculation: Speculation,
+    /// Offered work the workers' heartbeats do not show yet (see [`inflight`]).
+    unreflected: inflight::Unreflected,
     timers: TimerWheel,
     conns: BTreeMap<ConnectionId, ConnInfo>,
     deliveries: BTreeMap<RequestId, DeliveryState>,
@@ -198,6 +201,7 @@ impl RouterActor {
             discovery,
             catalog: Catalog::default(),
             speculation: Speculation::default(),
+            unreflected: inflight::Unreflected::default(),
             timers: TimerWheel::default(),
             conns: BTreeMap::new(),
             deliveries: BTreeMap::new(),
@@ -297,26 +301,33 @@ impl RouterActor {
     }
 
     /// Live observations, amended with speculative GPU prefixes where the worker has not
-    /// heartbeated since the guess (cloned only for those workers).
+    /// heartbeated since the guess, and with the work offered since its last heartbeat
+    /// (cloned only for the workers amended).
     fn observations_with_speculation(&self) -> Vec<Cow<'_, Observation>> {
         self.discovery
             .registry()
             .observations()
-            .map(|obs| match self.speculation.prefixes.get(&obs.worker_id) {
-                Some((version, guessed)) if *version == obs.version() => {
-                    let mut amended = obs.clone();
-                    for p in guessed {
-                        if !amended
-                            .gpu_prefixes
-                            .iter()
-                            .any(|q| q.model == p.model && q.prefix_hash == p.prefix_hash)
-                        {
-                            amended.gpu_prefixes.push(p.clone());
-                        }
-                    }
-                    Cow::Owned(amended)
+            .map(|obs| {
+                let guessed = match self.speculation.prefixes.get(&obs.worker_id) {
+                    Some((version, guessed)) if *version == obs.version() => guessed.as_slice(),
+                    _ => &[],
+                };
+                let extra_ms = self.unreflected.extra_ms(&obs.worker_id);
+                if guessed.is_empty() && extra_ms <= 0.0 {
+                    return Cow::Borrowed(obs);
                 }
-                _ => Cow::Borrowed(obs),
+                let mut amended = obs.clone();
+                amended.queue_ms += extra_ms;
+                for p in guessed {
+                    if !amended
+                        .gpu_prefixes
+                        .iter()
+                        .any(|q| q.model == p.model && q.prefix_hash == p.prefix_hash)
+                    {
+                        amended.gpu_prefixes.push(p.clone());
+                    }
+                }
+                Cow::Owned(amended)
             })
             .collect()
     }
@@ -417,6 +428,7 @@ impl RouterActor {
                 );
                 self.apply_discovery(effects);
                 if let Some(info) = self.conns.remove(&conn) {
+                    self.unreflected.forget(&info.worker);
                     tracing::info!(worker = %info.worker, conn = conn.0, "worker connection closed");
                 }
             }
@@ -515,6 +527,7 @@ impl RouterActor {
                     );
                     return;
                 }
+                let version = hb.observation.version();
                 let effects = self.discovery.handle(
                     self.now(),
                     DiscoveryInput::Heartbeat {
@@ -523,8 +536,20 @@ impl RouterActor {
                     },
                 );
                 self.apply_discovery(effects);
+                let accepted = self
+                    .discovery
+                    .registry()
+                    .get(&sender)
+                    .is_some_and(|o| o.version() == version);
+                if accepted {
+                    self.unreflected.heartbeat(&sender);
+                }
             }
-            ToRouter::OfferResult(m) => self.worker_message(&sender, WorkerMessage::OfferResult(m)),
+            ToRouter::OfferResult(m) => {
+                self.unreflected
+                    .answered(&sender, &m.assignment, m.accepted);
+                self.worker_message(&sender, WorkerMessage::OfferResult(m))
+            }
             ToRouter::Token(m) => self.worker_message(&sender, WorkerMessage::Token(m)),
             ToRouter::Result(m) => self.worker_message(&sender, WorkerMessage::Result(m)),
             ToRouter::Publish(p) => {
@@ -601,6 +626,7 @@ impl RouterActor {
                         &[],
                         1.0,
                     );
+                    self.unreflected.withdrawn(&assignment);
                     self.drive(RouterInput::OfferTimeout { assignment });
                 }
                 Fired::Deadline(request) => self.drive(RouterInput::DeadlineExpired { request }),

@@ -1,0 +1,142 @@
+//! Work the router assigned that the workers' heartbeats do not show yet.
+//!
+//! A worker's `queue_ms` is as old as its last heartbeat (every `--heartbeat-interval`,
+//! or a few ms after a completion). Priced by it alone, a burst of requests arriving
+//! within one interval all see the same idle worker and pile onto it: the validation
+//! against real agents measured mean TTFT 2.8× the simulator's fresh-view figure for
+//! exactly this reason. So the router adds to each worker's reported queue the work of
+//! every assignment it offered there that no heartbeat includes yet
+//! ([`den_protocol::candidate::added_work_ms`]), the way Dynamo's and llm-d's routers
+//! count their own in-flight requests between load reports.
+//!
+//! When is an assignment in a heartbeat? A worker accepts an offer before it queues the
+//! work, and its frames arrive in order on one connection, so every heartbeat the router
+//! receives *after* the worker's acceptance counts the work. Offers not answered yet
+//! stay counted across heartbeats; a decline, a timeout, the request's end or the
+//! worker's connection closing drops them.
+
+use std::collections::BTreeMap;
+
+use den_protocol::ids::{AssignmentId, RequestId, WorkerId};
+
+/// Per worker, the assignments a heartbeat does not reflect yet.
+#[derive(Debug, Default)]
+pub(super) struct Unreflected {
+    workers: BTreeMap<WorkerId, BTreeMap<AssignmentId, Entry>>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    work_ms: f64,
+    accepted: bool,
+}
+
+impl Unreflected {
+    /// An offer of `work_ms` was sent to `worker`.
+    pub(super) fn offered(&mut self, worker: &WorkerId, assignment: AssignmentId, work_ms: f64) {
+        self.workers.entry(worker.clone()).or_default().insert(
+            assignment,
+            Entry {
+                work_ms: work_ms.max(0.0),
+                accepted: false,
+            },
+        );
+    }
+
+    /// The worker answered the offer: accepted work is reflected by its next heartbeat;
+    /// declined work never will be.
+    pub(super) fn answered(
+        &mut self,
+        worker: &WorkerId,
+        assignment: &AssignmentId,
+        accepted: bool,
+    ) {
+        let Some(entries) = self.workers.get_mut(worker) else {
+            return;
+        };
+        if accepted {
+            if let Some(e) = entries.get_mut(assignment) {
+                e.accepted = true;
+            }
+        } else {
+            entries.remove(assignment);
+        }
+    }
+
+    /// An accepted heartbeat from `worker`: it counts every assignment accepted before it.
+    pub(super) fn heartbeat(&mut self, worker: &WorkerId) {
+        if let Some(entries) = self.workers.get_mut(worker) {
+            entries.retain(|_, e| !e.accepted);
+        }
+    }
+
+    /// The offer timed out (the machine cancels it and moves on).
+    pub(super) fn withdrawn(&mut self, assignment: &AssignmentId) {
+        for entries in self.workers.values_mut() {
+            entries.remove(assignment);
+        }
+    }
+
+    /// The request ended: none of its attempts adds work any more.
+    pub(super) fn ended(&mut self, request: &RequestId) {
+        for entries in self.workers.values_mut() {
+            entries.retain(|a, _| &a.request != request);
+        }
+    }
+
+    /// The worker's connection closed: its queue starts again from its next heartbeat.
+    pub(super) fn forget(&mut self, worker: &WorkerId) {
+        self.workers.remove(worker);
+    }
+
+    /// Work to add to `worker`'s last reported `queue_ms`.
+    pub(super) fn extra_ms(&self, worker: &WorkerId) -> f64 {
+        self.workers
+            .get(worker)
+            .map_or(0.0, |entries| entries.values().map(|e| e.work_ms).sum())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn a(request: &str, attempt: u64) -> AssignmentId {
+        AssignmentId {
+            request: RequestId::new(request),
+            attempt,
+        }
+    }
+
+    #[test]
+    fn offered_work_counts_until_a_heartbeat_after_acceptance() {
+        let (w, mut u) = (WorkerId::new("w"), Unreflected::default());
+        u.offered(&w, a("r1", 1), 10.0);
+        u.offered(&w, a("r2", 1), 5.0);
+        assert_eq!(u.extra_ms(&w), 15.0);
+        // A heartbeat before the acceptance was sent before the worker queued the work.
+        u.heartbeat(&w);
+        assert_eq!(u.extra_ms(&w), 15.0);
+        u.answered(&w, &a("r1", 1), true);
+        u.heartbeat(&w);
+        assert_eq!(u.extra_ms(&w), 5.0);
+        assert_eq!(u.extra_ms(&WorkerId::new("other")), 0.0);
+    }
+
+    #[test]
+    fn declines_timeouts_ends_and_disconnects_drop_work() {
+        let (w, mut u) = (WorkerId::new("w"), Unreflected::default());
+        u.offered(&w, a("r1", 1), 1.0);
+        u.offered(&w, a("r2", 1), 2.0);
+        u.offered(&w, a("r3", 1), 4.0);
+        u.offered(&w, a("r4", 1), 8.0);
+        u.answered(&w, &a("r1", 1), false);
+        assert_eq!(u.extra_ms(&w), 14.0);
+        u.withdrawn(&a("r2", 1));
+        assert_eq!(u.extra_ms(&w), 12.0);
+        u.ended(&RequestId::new("r3"));
+        assert_eq!(u.extra_ms(&w), 8.0);
+        u.forget(&w);
+        assert_eq!(u.extra_ms(&w), 0.0);
+    }
+}
