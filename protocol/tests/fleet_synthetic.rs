@@ -155,12 +155,13 @@ fn den_predicts_the_reported_queue_plus_its_own_work() {
 }
 
 #[test]
-fn a_router_that_sees_only_heartbeats_sends_a_burst_to_one_worker() {
+fn a_router_that_counts_its_own_work_spreads_a_burst_between_heartbeats() {
     // Two 9-token requests at the same instant on two idle workers. With current loads
-    // den sends the second to the other worker (the first one's 0.8 ms prefill queues
-    // there); with heartbeat-lagged loads both look idle until the next heartbeat, so
-    // both go to w00 and run one after the other: A prefill 0–0.8, B prefill 0.8–1.6,
-    // A decode 1.6–5.6 (first token 3.6), B decode 5.6–9.6 (first token 7.6).
+    // den sends the second to the other worker (the first one's work queues there). With
+    // heartbeat-lagged loads both workers still look idle in their heartbeats, but the
+    // router adds the 2.8 ms (0.8 prefill + 2 first token) it just sent w00 to w00's
+    // reported queue, so the second request goes to w01 as well: the same placement and
+    // TTFTs as with current loads, both predicted from the idle heartbeats.
     let w = workload(&[(0, 9, 3, &[1, 2, 3]), (0, 9, 3, &[4, 5, 6])]);
     let mut fresh = config(16);
     fresh.workers = 2;
@@ -171,9 +172,8 @@ fn a_router_that_sees_only_heartbeats_sends_a_burst_to_one_worker() {
     let mut lagged = fresh.clone();
     lagged.heartbeats = Some(Heartbeats::den(1_000));
     let run = run_policy(&w, &lagged, PolicyKind::Den);
-    assert_eq!(run.worker, vec![0, 0]);
-    assert_eq!(run.ttft_us, vec![3_600, 7_600]);
-    // Both predicted from the idle heartbeat: 0.8 ms prefill + 2 ms.
+    assert_eq!(run.worker, vec![0, 1]);
+    assert_eq!(run.ttft_us, vec![2_800, 2_800]);
     for p in &run.predicted_ttft_ms {
         assert!(
             (p.unwrap() - 2.8).abs() < 1e-9,
@@ -181,6 +181,20 @@ fn a_router_that_sees_only_heartbeats_sends_a_burst_to_one_worker() {
             run.predicted_ttft_ms
         );
     }
+
+    // Three at once on two workers: the third sees 2.8 ms counted on each worker and
+    // queues behind one of them: predicted 2.8 + 2.8 = 5.6, its first token later than
+    // the others'.
+    let w = workload(&[
+        (0, 9, 3, &[1, 2, 3]),
+        (0, 9, 3, &[4, 5, 6]),
+        (0, 9, 3, &[7, 8, 9]),
+    ]);
+    let run = run_policy(&w, &lagged, PolicyKind::Den);
+    assert_eq!(run.worker[..2], [0, 1]);
+    let third = run.predicted_ttft_ms[2].unwrap();
+    assert!((third - 5.6).abs() < 1e-9, "{:?}", run.predicted_ttft_ms);
+    assert!(run.ttft_us[2] > 2_800, "{:?}", run.ttft_us);
 }
 
 #[test]

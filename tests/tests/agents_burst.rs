@@ -41,7 +41,11 @@ async fn agents_a_burst_between_heartbeats_spreads_over_the_workers() {
     }
     // Each request adds ~400 ms to its worker's predicted queue, so the router alternates;
     // priced by the start's heartbeats alone, all six would go to the same worker.
-    assert_eq!(per_worker.len(), 2, "one worker took the whole burst: {per_worker:?}");
+    assert_eq!(
+        per_worker.len(),
+        2,
+        "one worker took the whole burst: {per_worker:?}"
+    );
     assert!(
         per_worker.values().all(|&n| n >= 2),
         "the burst was not spread: {per_worker:?}"

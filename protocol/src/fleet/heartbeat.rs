@@ -3,13 +3,14 @@
 //!
 //! By default the fleet simulator hands every policy each worker's load *as of now*,
 //! including the requests the policy routed a microsecond ago — an ideal router that
-//! accounts for its own decisions. den-agent's router does not: it prices a worker with
-//! the `queue_ms`, pool and calibration of that worker's last heartbeat, sent every
+//! sees the exact effect of its own decisions. den-agent's router does not: it prices a
+//! worker with the `queue_ms`, pool and calibration of that worker's last heartbeat, sent every
 //! `--heartbeat-interval` and a few milliseconds after a request completes (the worker's
 //! eager heartbeat). With [`Heartbeats`] set, the simulator keeps one snapshot of each
 //! worker's load, taken at exactly those times, and policies see the snapshot. Cache
 //! residency stays current (the worker advertises a completed route within the same few
-//! milliseconds).
+//! milliseconds), and the router adds the work of every request it routed to a worker
+//! since that worker's snapshot to its reported queue (den-agent's router does the same).
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -78,6 +79,15 @@ impl Beats {
     /// When the next heartbeat is due.
     pub(crate) fn next(&self) -> Option<Micros> {
         self.pending.peek().map(|Reverse((t, _, _))| *t)
+    }
+
+    /// The router sent worker `w` a request it expects to add `work_ms` of queue: until
+    /// the worker's next heartbeat (which includes it: no network delay here), its
+    /// reported queue carries that work, as den-agent's router counts what it offered.
+    pub(crate) fn dispatched(&mut self, w: usize, work_ms: f64) {
+        if let Some(s) = self.snapshots.get_mut(w) {
+            s.queue_ms += work_ms.max(0.0);
+        }
     }
 
     /// Sends the next heartbeat: snapshot that worker at its time.

@@ -39,6 +39,11 @@ pub struct Route {
     pub reuse: Reuse,
     /// The policy's own TTFT prediction, for policies that make one (den).
     pub predicted_ttft_ms: Option<f64>,
+    /// The work the policy expects this request to add to the worker's queue, ms
+    /// ([`crate::candidate::added_work_ms`]): with heartbeat-lagged observations it is
+    /// added to the worker's reported queue until its next heartbeat, as den-agent's
+    /// router does with the work it offered.
+    pub added_work_ms: Option<f64>,
     pub record: Option<DecisionRecord>,
 }
 
@@ -49,6 +54,7 @@ impl Route {
             worker,
             reuse: Reuse::Longest,
             predicted_ttft_ms: None,
+            added_work_ms: None,
             record: None,
         }
     }

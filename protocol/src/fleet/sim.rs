@@ -123,6 +123,9 @@ pub fn run_with(workload: &Workload, config: &FleetConfig, policy: &mut dyn Poli
             decisions.push(record);
         }
         let w = route.worker.min(n - 1);
+        if let (Some(b), Some(work)) = (beats.as_mut(), route.added_work_ms) {
+            b.dispatched(w, work);
+        }
         let Some(worker) = workers.get_mut(w) else {
             continue;
         };

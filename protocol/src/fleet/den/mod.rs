@@ -38,7 +38,7 @@ use super::cost::CostModel;
 use super::load::WorkerLoad;
 use super::policy::{FleetView, Policy, Route, RouteRequest};
 use super::worker::{Reuse, Source};
-use crate::candidate::{Candidate, Scored, offer_order, rank_shape};
+use crate::candidate::{Candidate, Scored, added_work_ms, offer_order, rank_shape};
 use crate::ids::WorkerId;
 
 pub use estimator::{candidates, imposed_ms, prefill_ms_per_token, priced_candidates, queue_ms};
@@ -159,10 +159,15 @@ impl Policy for DenPolicy {
             measured_ttft_ms: None,
         });
         let predicted_ttft_ms = Some(decision.chosen.estimate.ttft_ms);
+        let added_work_ms = Some(added_work_ms(
+            &decision.chosen.candidate,
+            &decision.chosen.estimate,
+        ));
         Route {
             worker,
             reuse: Reuse::Blocks(blocks),
             predicted_ttft_ms,
+            added_work_ms,
             record,
         }
     }
