@@ -1,0 +1,1 @@
+//! Streaming passes over every line of a recording.
