@@ -7,7 +7,8 @@ use clap::Parser;
 
 use den_console::app::Command;
 use den_console::config::{self, Cli, Sub};
-use den_console::{status, tui};
+use den_console::replay::summary;
+use den_console::{record, status, tui};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -65,8 +66,71 @@ fn main() -> ExitCode {
             Some(Sub::Drain { worker }) => {
                 status::command(&settings, Command::Drain { worker }, false).await
             }
+            Some(Sub::Record { file, duration }) => {
+                record::session::record(&settings, file, duration.as_deref()).await
+            }
+            Some(Sub::Replay {
+                file,
+                summary: want_summary,
+                json,
+                at,
+                speed,
+            }) => {
+                replay(
+                    &file,
+                    want_summary,
+                    json,
+                    at.as_deref(),
+                    speed,
+                    &settings.theme,
+                )
+                .await
+            }
         }
     })
+}
+
+/// `den replay`: interactive, `--summary` or `--at`.
+async fn replay(
+    file: &std::path::Path,
+    want_summary: bool,
+    json: bool,
+    at: Option<&str>,
+    speed: f64,
+    theme: &str,
+) -> ExitCode {
+    let out = if let Some(at) = at {
+        let t = match den_protocol::recording::parse_offset(at) {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("den replay: --at {e}");
+                return ExitCode::from(1);
+            }
+        };
+        summary::at(file, t, json)
+    } else if want_summary {
+        summary::summarise(file).map(|s| {
+            if json {
+                serde_json::to_string_pretty(&s).unwrap_or_default()
+            } else {
+                summary::text(&s)
+            }
+        })
+    } else {
+        return den_console::replay::tui::run(file, speed, theme).await;
+    };
+    match out {
+        Ok(text) => {
+            use std::io::Write;
+            // A closed pipe (`| head`) is not an error worth a panic.
+            let _ = writeln!(std::io::stdout().lock(), "{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("den replay: {e}");
+            ExitCode::from(1)
+        }
+    }
 }
 
 /// Asks before a placement is submitted (placements start downloads and claim memory).

@@ -1,8 +1,9 @@
 //! Event lines as the recorder writes them and the replayer reads them back.
 //!
 //! Writing: the session event as JSON, redacted ([`Redactor`]), then — for a Skulk
-//! `/state` or a worker heartbeat — the big value replaced by a delta against the value
-//! the model already holds ([`delta`]) when that is less than half the size. Reading
+//! `/state`, a worker heartbeat or a decision record — the big value replaced by a
+//! delta against the value the model already holds ([`delta`]) when that is less than
+//! half the size. Reading
 //! undoes the delta with the replaying model, which holds the same value: the recorder
 //! keeps a model of exactly what it wrote and decodes each line with it before applying
 //! it, the way a replay will.
@@ -57,6 +58,20 @@ pub fn encode(redactor: &Redactor, stamped: &Stamped, model: &Model) -> String {
                 delta::compress(&mut value, &["message", "observation"], key, &base);
             }
         }
+        SessionEvent::Feed {
+            source,
+            message: FeedMessage::Route { record, .. },
+        } => {
+            if let Some(previous) = model.route(source, &record.request)
+                && let Ok(base) = serde_json::to_value(previous.record.as_ref())
+            {
+                let key = Base::Route {
+                    source: source.clone(),
+                    request: record.request.clone(),
+                };
+                delta::compress(&mut value, &["message", "record"], key, &base);
+            }
+        }
         _ => {}
     }
     format::encode_event_value(&value).unwrap_or_else(|| format::encode_event(stamped))
@@ -79,6 +94,9 @@ pub fn decode(line: &[u8], model: &Model) -> Result<Stamped, DecodeError> {
         Base::Worker { source, worker } => model
             .observation(source, worker)
             .and_then(|o| serde_json::to_value(o).ok()),
+        Base::Route { source, request } => model
+            .route(source, request)
+            .and_then(|r| serde_json::to_value(r.record.as_ref()).ok()),
     })?;
     serde_json::from_value(value).map_err(|e| {
         DecodeError::Line(LineError::Malformed {

@@ -18,7 +18,9 @@
 
 pub mod codec;
 pub mod paths;
+pub mod session;
 mod sink;
+pub mod synthetic;
 mod writer;
 
 use std::path::{Path, PathBuf};
@@ -80,6 +82,9 @@ pub struct RecorderConfig {
     /// Wall-clock time of session offset 0.
     pub started_at_unix_ms: u64,
     pub channel: usize,
+    /// The recording's id (default: time, host, process and a counter). Fixed ids make
+    /// generated samples byte-for-byte reproducible.
+    pub recording_id: Option<String>,
 }
 
 impl RecorderConfig {
@@ -96,6 +101,7 @@ impl RecorderConfig {
             host: paths::host_name(),
             started_at_unix_ms: unix_ms_now(),
             channel: CHANNEL,
+            recording_id: None,
         }
     }
 }

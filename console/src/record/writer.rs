@@ -51,13 +51,15 @@ impl Writer {
         let nanos = SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.subsec_nanos());
-        let recording_id = format!(
-            "{}-{}-{}-{nanos:09}-{}",
-            paths::utc_stamp(config.started_at_unix_ms),
-            paths::file_safe(&config.host),
-            std::process::id(),
-            STARTED.fetch_add(1, Ordering::Relaxed)
-        );
+        let recording_id = config.recording_id.clone().unwrap_or_else(|| {
+            format!(
+                "{}-{}-{}-{nanos:09}-{}",
+                paths::utc_stamp(config.started_at_unix_ms),
+                paths::file_safe(&config.host),
+                std::process::id(),
+                STARTED.fetch_add(1, Ordering::Relaxed)
+            )
+        });
         let sink = create(&config.path)?;
         let mut writer = Writer {
             model: Model::new(config.model.clone()),

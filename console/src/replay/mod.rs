@@ -122,4 +122,6 @@ fn open_same(path: &Path, id: &str) -> Option<Segment> {
 }
 
 #[cfg(test)]
+mod samples;
+#[cfg(test)]
 mod tests;

@@ -27,6 +27,8 @@ pub struct Warnings {
     pub skipped: u64,
     /// The first such problem.
     pub first_skip: Option<String>,
+    /// Where the recorder dropped events and how many (from its gap lines).
+    pub gaps: Vec<(Millis, u64)>,
 }
 
 pub struct Replayer {
@@ -316,6 +318,12 @@ impl Replayer {
     /// Consume a line that is not an event.
     fn consume_other(&mut self, line: &RawLine, kind: Kind) {
         self.pending = None;
+        if let Kind::Gap { dropped } = kind
+            && let Some(p) = peek(&line.bytes)
+            && !self.warnings.gaps.contains(&(p.at, dropped))
+        {
+            self.warnings.gaps.push((p.at, dropped));
+        }
         if let Kind::Snapshot { events } = kind
             && events != self.ordinal
             && let Ok((at, events, c)) = format::decode_snapshot::<Checkpoint>(&line.bytes)

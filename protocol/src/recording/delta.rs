@@ -2,7 +2,8 @@
 //! mostly repeats the previous one, a patch against that previous value.
 //!
 //! Skulk `/state` answers are polled every few seconds and rarely change much; worker
-//! heartbeats repeat most of their fields. A writer that knows the previous value (the
+//! heartbeats repeat most of their fields; a decision record is sent whole at every
+//! change, candidate snapshot included. A writer that knows the previous value (the
 //! recorder keeps the same model a replay rebuilds) replaces the value at `path` by a
 //! [`Delta`] naming its [`Base`]; a reader that holds the same model looks the base up
 //! and applies the patch, getting back exactly the value that was recorded.
@@ -16,7 +17,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::ids::WorkerId;
+use crate::ids::{RequestId, WorkerId};
 use crate::session::SourceId;
 
 /// The previous value a patch applies to.
@@ -27,6 +28,11 @@ pub enum Base {
     SkulkState { source: SourceId },
     /// The latest observation of a worker in a source's feed.
     Worker { source: SourceId, worker: WorkerId },
+    /// The latest decision record of a request in a source's feed.
+    Route {
+        source: SourceId,
+        request: RequestId,
+    },
 }
 
 /// The `delta` member of an event line.
