@@ -7,6 +7,8 @@
 //! - [`script`], [`fixture_server`] and [`fixture_client`]: the Skulk-compatible fixture
 //!   server (`skulk-fixture-server --script FILE [--listen ADDR] [--var NAME=VALUE]...`),
 //!   its script format, and [`FixtureServer`] to start it and read back what it received.
+//! - [`router_stub`]: an in-process den router stand-in (console feed WebSocket plus
+//!   `/node_id` and `/state`) for console and recording tests.
 //! - Below: [`wait_until`] / [`wait_until_async`] polling, [`free_port`], [`temp_dir`],
 //!   and paths of the vendored fixtures ([`fixtures_dir`]).
 //!
@@ -26,6 +28,8 @@
 pub mod fixture_client;
 pub mod fixture_server;
 pub mod process;
+pub mod recording;
+pub mod router_stub;
 pub mod script;
 
 use std::future::Future;
@@ -39,6 +43,7 @@ pub use process::{
     ChildGuard, binary, binary_path, cargo_build, parse_listening, spawn_listening, target_dir,
     workspace_dir,
 };
+pub use router_stub::RouterStub;
 
 /// How often the wait helpers look again.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(10);

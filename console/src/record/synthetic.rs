@@ -350,8 +350,7 @@ pub fn incident() -> Result<Vec<Stamped>, String> {
     let end = 26_000;
     let mut t = 100;
     while t <= end {
-        // Simulated traffic up to t.
-        feed.run_to(t.max(4_000), &mut out)?;
+        // Simulated traffic up to t, each request submitted at its time.
         while let Some(&(when, id, extra, max_new)) = requests.last() {
             if when > t {
                 break;
@@ -360,6 +359,7 @@ pub fn incident() -> Result<Vec<Stamped>, String> {
             feed.submit(request(id, extra, max_new)?, &mut out);
             requests.pop();
         }
+        feed.run_to(t.max(4_000), &mut out)?;
         if !killed && t >= crash_at {
             feed.run_to(crash_at, &mut out)?;
             feed.crash("gpu-a", &mut out);

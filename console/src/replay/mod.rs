@@ -125,3 +125,5 @@ fn open_same(path: &Path, id: &str) -> Option<Segment> {
 mod samples;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tui_tests;
