@@ -44,7 +44,13 @@ fn main() -> ExitCode {
             },
             Some(Sub::Status { json, timeout }) => {
                 let timeout = Duration::from_secs_f64(timeout.clamp(0.1, 3600.0));
-                status::status(&settings, json, timeout).await
+                // A one-shot status records only when asked on the command line.
+                let record = cli
+                    .common
+                    .record
+                    .as_deref()
+                    .filter(|_| !cli.common.no_record);
+                status::status(&settings, json, timeout, record).await
             }
             Some(Sub::Place {
                 model,

@@ -164,16 +164,19 @@ impl Console {
     }
 }
 
-/// Where a session records to: `--record PATH`, else (unless `--no-record`) a new file
-/// under the data directory.
+/// Where a session records to: `--record PATH` (a directory: a new file in it), else
+/// (unless `--no-record`) a new file under the data directory.
 pub fn recording_path(settings: &Settings, started_at_unix_ms: u64) -> Option<PathBuf> {
     if settings.no_record {
         return None;
     }
-    settings
-        .record
-        .clone()
-        .or_else(|| paths::default_path(started_at_unix_ms, &paths::host_name()))
+    let name = paths::default_name(started_at_unix_ms, &paths::host_name());
+    match &settings.record {
+        // A directory (existing, or written with a trailing slash): a new file in it.
+        Some(p) if p.is_dir() || p.to_string_lossy().ends_with('/') => Some(p.join(name)),
+        Some(p) => Some(p.clone()),
+        None => paths::default_dir().map(|d| d.join(name)),
+    }
 }
 
 /// Start the recorder of a session on `settings`' sources, if it records.
@@ -343,4 +346,76 @@ fn source_holding(model: &Model, instance: &str) -> Option<SourceId> {
                 .is_some_and(|(_, st)| st.instances.keys().any(|k| k.as_str() == instance))
         })
         .cloned()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use ratatui::backend::TestBackend;
+
+    use super::*;
+    use crate::replay::Replayer;
+
+    fn settings(record: Option<&Path>, no_record: bool) -> Settings {
+        Settings {
+            sources: Vec::new(),
+            token: Some("t0ken-value".into()),
+            theme: "dark".into(),
+            read_only: false,
+            record: record.map(Path::to_path_buf),
+            no_record,
+            poll_interval: Duration::from_millis(100),
+            request_timeout: Duration::from_secs(1),
+            stale_after_ms: 10_000,
+        }
+    }
+
+    #[test]
+    fn sessions_record_by_default_to_a_path_or_into_a_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(recording_path(&settings(None, true), 0), None);
+        let default = recording_path(&settings(None, false), 1_750_000_000_000);
+        if let Some(p) = default {
+            assert!(p.ends_with(paths::default_name(1_750_000_000_000, &paths::host_name())));
+            assert!(p.to_string_lossy().contains("den/recordings"));
+        }
+        let file = dir.path().join("x.jsonl");
+        assert_eq!(recording_path(&settings(Some(&file), false), 0), Some(file));
+        let inside = recording_path(&settings(Some(dir.path()), false), 0).unwrap();
+        assert_eq!(inside.parent(), Some(dir.path()));
+    }
+
+    #[test]
+    fn a_frame_at_t_shows_every_event_stamped_up_to_t_and_no_later_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.jsonl");
+        let recorder = start_recorder(&settings(Some(&file), false)).unwrap();
+        let mut console =
+            Console::new(App::default(), Model::default(), Theme::default(), recorder);
+        let mut terminal = Terminal::new(TestBackend::new(100, 30)).unwrap();
+        let note = |t: &str| SessionEvent::Note { text: t.into() };
+        console.apply(Millis(5), note("a"));
+        assert_eq!(console.draw(&mut terminal, Millis(5)).unwrap(), Millis(5));
+        // Arrives in the same millisecond as the frame, after it: stamped later.
+        console.apply(Millis(5), note("b"));
+        // A clock that reads earlier than an applied event does not draw before it.
+        assert_eq!(console.frame_time(Millis(3)), Millis(6));
+        let closed = console.close_recording(Millis(9)).unwrap().unwrap();
+        assert_eq!(closed.events, 2);
+        let mut replay = Replayer::open(&file).unwrap();
+        replay.seek(Millis(5)).unwrap();
+        let texts: Vec<&str> = replay
+            .model()
+            .events()
+            .iter()
+            .map(|l| l.text.as_str())
+            .collect();
+        assert_eq!(texts, ["a"]);
+        replay.seek(Millis(6)).unwrap();
+        assert_eq!(replay.model().events().len(), 2);
+        // The token given to the session is a known secret of the recording.
+        let header = std::fs::read_to_string(&file).unwrap();
+        assert!(header.contains("\"known_secrets\":1"));
+    }
 }

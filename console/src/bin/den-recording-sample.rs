@@ -59,10 +59,9 @@ fn run(args: &[String]) -> Result<String, String> {
     config.started_at_unix_ms = 1_750_000_000_000;
     config.host = "synthetic".to_owned();
     config.recording_id = Some(format!("synthetic-{kind}"));
-    config.channel = events.len() + 16;
     let recorder = Recorder::start(config).map_err(|e| e.to_string())?;
     for e in &events {
-        recorder.record(e);
+        recorder.record_waiting(e);
     }
     let end = events
         .last()

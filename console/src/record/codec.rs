@@ -1,21 +1,33 @@
 //! Event lines as the recorder writes them and the replayer reads them back.
 //!
 //! Writing: the session event as JSON, redacted ([`Redactor`]), then — for a Skulk
-//! `/state`, a worker heartbeat or a decision record — the big value replaced by a
-//! delta against the value the model already holds ([`delta`]) when that is less than
-//! half the size. Reading
-//! undoes the delta with the replaying model, which holds the same value: the recorder
-//! keeps a model of exactly what it wrote and decodes each line with it before applying
-//! it, the way a replay will.
+//! `/state`, a worker heartbeat or a decision record — the big value replaced by a delta
+//! against a *base* when that is less than half the size ([`delta`]). Reading undoes the
+//! delta with the same base.
+//!
+//! The base of a key (a source's state, a worker, a request) is the value the last delta
+//! line of that key produced, kept in a small cache, or, when the cache has none, the
+//! value the model holds, serialised. Writer and reader keep identical caches because
+//! they apply identical rules to the identical sequence of lines: a delta line stores its
+//! result, a full line or a `route-gone` drops the key, a snapshot line clears
+//! everything (so a reader that starts at a snapshot starts with the writer's cache), and
+//! the least recently stored key is dropped beyond [`CACHE`] keys. The recorder decodes
+//! every line it writes with its own codec and model, exactly as a replay will.
 
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
 use serde_json::Value;
 
 use den_protocol::feed::FeedMessage;
-use den_protocol::recording::delta::{self, Base, DeltaError};
+use den_protocol::recording::delta::{self, Base, Delta, DeltaError};
 use den_protocol::recording::{self as format, LineError, Redactor};
 use den_protocol::session::{SessionEvent, Stamped};
 
 use crate::model::Model;
+
+/// Keys whose base value is cached.
+pub const CACHE: usize = 256;
 
 /// A line that could not be turned back into an event.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -26,68 +38,169 @@ pub enum DecodeError {
     Delta(#[from] DeltaError),
 }
 
-/// Encode one event for the file: redacted, with deltas against `model` (the model of
-/// everything written before it).
-pub fn encode(redactor: &Redactor, stamped: &Stamped, model: &Model) -> String {
-    let Ok(mut value) = serde_json::to_value(stamped) else {
-        return format::encode_event(stamped);
-    };
-    redactor.redact(&mut value);
-    match &stamped.event {
-        SessionEvent::SkulkState { source, .. } => {
-            if let Some((_, state)) = model.state_of(source)
-                && let Ok(base) = serde_json::to_value(state)
-            {
-                let key = Base::SkulkState {
-                    source: source.clone(),
-                };
-                delta::compress(&mut value, &["state"], key, &base);
+/// The base cache of one writer or reader.
+#[derive(Debug, Clone, Default)]
+pub struct Codec {
+    values: BTreeMap<Base, (u64, Value)>,
+    order: BTreeMap<u64, Base>,
+    stamp: u64,
+}
+
+impl Codec {
+    pub fn new() -> Codec {
+        Codec::default()
+    }
+
+    /// A snapshot line: forget every base.
+    pub fn clear(&mut self) {
+        self.values.clear();
+        self.order.clear();
+    }
+
+    /// Encode one event for the file: redacted, with a delta against the base of its key
+    /// (`model` is the model of every line written before). Does not change the cache:
+    /// the writer decodes the line it writes, which does.
+    pub fn encode(&self, redactor: &Redactor, stamped: &Stamped, model: &Model) -> String {
+        let Ok(mut value) = serde_json::to_value(stamped) else {
+            return format::encode_event(stamped);
+        };
+        redactor.redact(&mut value);
+        if let Some((key, path)) = keyed(&stamped.event) {
+            let cached = self.values.get(&key).map(|(_, v)| v);
+            let fresh;
+            let base = match cached {
+                Some(v) => Some(v),
+                None => {
+                    fresh = base_from_model(&key, model);
+                    fresh.as_ref()
+                }
+            };
+            if let Some(base) = base {
+                delta::compress(&mut value, path, key, base);
             }
         }
+        format::encode_event_value(&value).unwrap_or_else(|| format::encode_event(stamped))
+    }
+
+    /// Decode an event line (`model` is the model of every line before it).
+    pub fn decode(&mut self, line: &[u8], model: &Model) -> Result<Stamped, DecodeError> {
+        if !has_delta(line) {
+            let stamped = format::decode_event(line)?;
+            if let Some((key, _)) = keyed(&stamped.event) {
+                self.forget(&key);
+            }
+            if let SessionEvent::Feed {
+                source,
+                message: FeedMessage::RouteGone { request, .. },
+            } = &stamped.event
+            {
+                self.forget(&Base::Route {
+                    source: source.clone(),
+                    request: request.clone(),
+                });
+            }
+            return Ok(stamped);
+        }
+        let malformed = |e: serde_json::Error| LineError::Malformed {
+            kind: "event",
+            detail: e.to_string(),
+        };
+        let mut event: Value = serde_json::from_slice(line).map_err(malformed)?;
+        let raw = event
+            .as_object_mut()
+            .and_then(|o| o.remove("delta"))
+            .ok_or_else(|| DeltaError::Malformed("no delta".to_owned()))?;
+        let d: Delta =
+            serde_json::from_value(raw).map_err(|e| DeltaError::Malformed(e.to_string()))?;
+        let mut value = match self.take(&d.base) {
+            Some(v) => v,
+            None => base_from_model(&d.base, model)
+                .ok_or_else(|| DeltaError::MissingBase(d.base.clone()))?,
+        };
+        delta::apply_in_place(&mut value, &d.patch)?;
+        let (last, parents) = d
+            .path
+            .split_last()
+            .ok_or_else(|| DeltaError::Malformed("empty path".to_owned()))?;
+        let parent = parents
+            .iter()
+            .try_fold(&mut event, |v, k| v.as_object_mut()?.get_mut(k))
+            .and_then(Value::as_object_mut)
+            .ok_or_else(|| DeltaError::Malformed("path does not lead to an object".to_owned()))?;
+        parent.insert(last.clone(), value);
+        let stamped = Stamped::deserialize(&event).map_err(malformed)?;
+        // Keep the expanded value as the key's next base (moved out, not copied).
+        let expanded = parents
+            .iter()
+            .try_fold(&mut event, |v, k| v.as_object_mut()?.get_mut(k))
+            .and_then(Value::as_object_mut)
+            .and_then(|p| p.remove(last));
+        if let Some(v) = expanded {
+            self.store(d.base, v);
+        }
+        Ok(stamped)
+    }
+
+    fn take(&mut self, key: &Base) -> Option<Value> {
+        let (stamp, v) = self.values.remove(key)?;
+        self.order.remove(&stamp);
+        Some(v)
+    }
+
+    fn forget(&mut self, key: &Base) {
+        self.take(key);
+    }
+
+    fn store(&mut self, key: Base, value: Value) {
+        self.forget(&key);
+        self.stamp += 1;
+        self.order.insert(self.stamp, key.clone());
+        self.values.insert(key, (self.stamp, value));
+        while self.values.len() > CACHE {
+            let Some((_, oldest)) = self.order.pop_first() else {
+                break;
+            };
+            self.values.remove(&oldest);
+        }
+    }
+}
+
+/// The key and the path of the big value of an event that may be written as a delta.
+fn keyed(event: &SessionEvent) -> Option<(Base, &'static [&'static str])> {
+    match event {
+        SessionEvent::SkulkState { source, .. } => Some((
+            Base::SkulkState {
+                source: source.clone(),
+            },
+            &["state"],
+        )),
         SessionEvent::Feed {
             source,
             message: FeedMessage::Worker { observation, .. },
-        } => {
-            if let Some(previous) = model.observation(source, &observation.worker_id)
-                && let Ok(base) = serde_json::to_value(previous)
-            {
-                let key = Base::Worker {
-                    source: source.clone(),
-                    worker: observation.worker_id.clone(),
-                };
-                delta::compress(&mut value, &["message", "observation"], key, &base);
-            }
-        }
+        } => Some((
+            Base::Worker {
+                source: source.clone(),
+                worker: observation.worker_id.clone(),
+            },
+            &["message", "observation"],
+        )),
         SessionEvent::Feed {
             source,
             message: FeedMessage::Route { record, .. },
-        } => {
-            if let Some(previous) = model.route(source, &record.request)
-                && let Ok(base) = serde_json::to_value(previous.record.as_ref())
-            {
-                let key = Base::Route {
-                    source: source.clone(),
-                    request: record.request.clone(),
-                };
-                delta::compress(&mut value, &["message", "record"], key, &base);
-            }
-        }
-        _ => {}
+        } => Some((
+            Base::Route {
+                source: source.clone(),
+                request: record.request.clone(),
+            },
+            &["message", "record"],
+        )),
+        _ => None,
     }
-    format::encode_event_value(&value).unwrap_or_else(|| format::encode_event(stamped))
 }
 
-/// Decode an event line, resolving a delta against `model` (the model of every line
-/// before this one).
-pub fn decode(line: &[u8], model: &Model) -> Result<Stamped, DecodeError> {
-    if !has_delta(line) {
-        return Ok(format::decode_event(line)?);
-    }
-    let mut value: Value = serde_json::from_slice(line).map_err(|e| LineError::Malformed {
-        kind: "event",
-        detail: e.to_string(),
-    })?;
-    delta::expand(&mut value, |base| match base {
+/// The value the model holds for a key, serialised.
+fn base_from_model(key: &Base, model: &Model) -> Option<Value> {
+    match key {
         Base::SkulkState { source } => model
             .state_of(source)
             .and_then(|(_, s)| serde_json::to_value(s).ok()),
@@ -97,13 +210,7 @@ pub fn decode(line: &[u8], model: &Model) -> Result<Stamped, DecodeError> {
         Base::Route { source, request } => model
             .route(source, request)
             .and_then(|r| serde_json::to_value(r.record.as_ref()).ok()),
-    })?;
-    serde_json::from_value(value).map_err(|e| {
-        DecodeError::Line(LineError::Malformed {
-            kind: "event",
-            detail: e.to_string(),
-        })
-    })
+    }
 }
 
 /// Whether a line may carry a delta (then it takes the slower path through a JSON
@@ -121,31 +228,48 @@ mod tests {
     use super::*;
     use crate::fixtures;
 
-    #[test]
-    fn lines_decode_to_the_events_written_and_repeats_shrink() {
+    /// Write and read a session the way the recorder and a replay do.
+    fn round_trip(events: &[Stamped], clear_every: usize) -> (usize, usize) {
         let redactor = Redactor::default();
+        let (mut wc, mut rc) = (Codec::new(), Codec::new());
         let mut writer = Model::default();
         let mut reader = Model::default();
         let mut full = 0;
         let mut written = 0;
-        for (i, stamped) in fixtures::scenario().unwrap().into_iter().enumerate() {
-            let line = encode(&redactor, &stamped, &writer);
-            full += format::encode_event(&stamped).len();
+        for (i, stamped) in events.iter().enumerate() {
+            if i % clear_every == clear_every - 1 {
+                wc.clear();
+                rc.clear();
+            }
+            let line = wc.encode(&redactor, stamped, &writer);
+            full += format::encode_event(stamped).len();
             written += line.len();
-            let back = decode(line.as_bytes(), &reader).unwrap();
+            let mine = wc.decode(line.as_bytes(), &writer).unwrap();
+            let back = rc.decode(line.as_bytes(), &reader).unwrap();
             // What was written is the redacted event (the fixture states carry a chat
             // prompt in a task's parameters).
-            let mut expected = serde_json::to_value(&stamped).unwrap();
+            let mut expected = serde_json::to_value(stamped).unwrap();
             redactor.redact(&mut expected);
             let expected: Stamped = serde_json::from_value(expected).unwrap();
             assert!(back == expected, "event {i} differs after decoding");
-            writer.apply(&back);
+            assert!(mine == back, "writer and reader disagree at {i}");
+            writer.apply(&mine);
             reader.apply(&back);
         }
+        (written, full)
+    }
+
+    #[test]
+    fn lines_decode_to_the_events_written_and_repeats_shrink() {
+        let events = fixtures::scenario().unwrap();
+        let (written, full) = round_trip(&events, usize::MAX);
         assert!(
             written * 3 < full,
             "deltas should shrink repeated states: {written} of {full}"
         );
+        // Snapshots in between (cache cleared on both sides) change nothing.
+        round_trip(&events, 17);
+        round_trip(&crate::record::synthetic::incident().unwrap(), 23);
     }
 
     #[test]
@@ -153,18 +277,43 @@ mod tests {
         let redactor = Redactor::default();
         let events = fixtures::run_c_scenario().unwrap();
         let mut writer = Model::default();
+        let mut codec = Codec::new();
         let mut last = String::new();
         for stamped in &events {
-            last = encode(&redactor, stamped, &writer);
-            writer.apply(stamped);
+            last = codec.encode(&redactor, stamped, &writer);
+            let decoded = codec.decode(last.as_bytes(), &writer).unwrap();
+            writer.apply(&decoded);
         }
         assert!(has_delta(last.as_bytes()), "{last}");
         let empty = Model::default();
         assert!(matches!(
-            decode(last.as_bytes(), &empty),
+            Codec::new().decode(last.as_bytes(), &empty),
             Err(DecodeError::Delta(DeltaError::MissingBase(_)))
         ));
         let note = Stamped::new(Millis(1), SessionEvent::Note { text: "x".into() });
-        assert!(!has_delta(encode(&redactor, &note, &empty).as_bytes()));
+        assert!(!has_delta(
+            codec.encode(&redactor, &note, &empty).as_bytes()
+        ));
+    }
+
+    #[test]
+    fn the_cache_is_bounded_and_forgets_the_oldest() {
+        let mut c = Codec::new();
+        for i in 0..(CACHE + 10) {
+            c.store(
+                Base::Worker {
+                    source: "r".into(),
+                    worker: format!("w{i}").into(),
+                },
+                Value::from(i),
+            );
+        }
+        assert_eq!(c.values.len(), CACHE);
+        assert!(!c.values.contains_key(&Base::Worker {
+            source: "r".into(),
+            worker: "w0".into()
+        }));
+        c.clear();
+        assert!(c.values.is_empty() && c.order.is_empty());
     }
 }

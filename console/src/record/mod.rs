@@ -186,6 +186,16 @@ impl Recorder {
         }
     }
 
+    /// Hand one event to the writer, waiting while it is behind. For offline tools that
+    /// generate recordings (samples, benchmarks); the console uses [`Recorder::record`].
+    pub fn record_waiting(&self, stamped: &Stamped) {
+        if let Some(tx) = &self.tx
+            && tx.send(Msg::Event(Box::new(stamped.clone()))).is_err()
+        {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     /// Events dropped so far.
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)

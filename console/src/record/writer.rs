@@ -11,8 +11,9 @@ use den_protocol::recording::{self as format, End, Header, Redactor};
 use den_protocol::session::Stamped;
 use den_protocol::time::Millis;
 
+use super::codec::Codec;
 use super::sink::Sink;
-use super::{Closed, Msg, RecordError, RecorderConfig, codec, paths};
+use super::{Closed, Msg, RecordError, RecorderConfig, paths};
 use crate::model::Model;
 
 pub(super) struct Writer {
@@ -25,6 +26,7 @@ pub(super) struct Writer {
     /// The model of everything written: snapshots are its checkpoints, and deltas are
     /// taken against it.
     model: Model,
+    codec: Codec,
     events: u64,
     dropped_written: u64,
     dropped: Arc<AtomicU64>,
@@ -63,6 +65,7 @@ impl Writer {
         let sink = create(&config.path)?;
         let mut writer = Writer {
             model: Model::new(config.model.clone()),
+            codec: Codec::new(),
             segments: vec![config.path.clone()],
             config,
             redactor,
@@ -123,7 +126,7 @@ impl Writer {
         } else {
             std::borrow::Cow::Owned(Stamped::new(at, stamped.event.clone()))
         };
-        let line = codec::encode(&self.redactor, &stamped, &self.model);
+        let line = self.codec.encode(&self.redactor, &stamped, &self.model);
         self.sink.line(&line)?;
         self.events += 1;
         self.last_at = at;
@@ -131,7 +134,7 @@ impl Writer {
         self.segment_bytes += len;
         self.since_snapshot += len;
         // Apply what a replay will read, decoded the way it will decode it.
-        if let Ok(decoded) = codec::decode(line.as_bytes(), &self.model) {
+        if let Ok(decoded) = self.codec.decode(line.as_bytes(), &self.model) {
             self.model.apply(&decoded);
         }
         let policy = self.config.snapshots;
@@ -164,6 +167,8 @@ impl Writer {
         self.sink.new_frame(&marker)?;
         let line = format::encode_snapshot(at, self.events, &state);
         self.sink.line(&line)?;
+        // Readers that start here start with no delta bases: neither does the writer.
+        self.codec.clear();
         self.sink.sync()?;
         let len = line.len() as u64 + 1;
         self.segment_bytes += len;

@@ -16,7 +16,7 @@ use den_protocol::time::Millis;
 use super::segment::{LineReader, RawLine};
 use super::{Recording, ReplayError};
 use crate::model::{Checkpoint, Model};
-use crate::record::codec;
+use crate::record::codec::Codec;
 
 /// What went wrong along the way without stopping the replay.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -34,6 +34,7 @@ pub struct Warnings {
 pub struct Replayer {
     recording: Recording,
     model: Model,
+    codec: Codec,
     segment: usize,
     reader: Option<LineReader>,
     pending: Option<RawLine>,
@@ -60,6 +61,7 @@ impl Replayer {
         let mut r = Replayer {
             recording,
             model,
+            codec: Codec::new(),
             segment: 0,
             reader: None,
             pending: None,
@@ -248,6 +250,7 @@ impl Replayer {
             match restored {
                 Some((at, events, checkpoint)) => {
                     self.model = Model::from_checkpoint(checkpoint);
+                    self.codec.clear();
                     self.segment = seg_index;
                     self.reader = Some(reader);
                     self.pending = None;
@@ -302,7 +305,7 @@ impl Replayer {
             self.pending = None;
             self.ordinal += 1;
             self.last_event_at = self.last_event_at.max(p.at);
-            match codec::decode(&line.bytes, &self.model) {
+            match self.codec.decode(&line.bytes, &self.model) {
                 Ok(stamped) => {
                     self.model.apply(&stamped);
                     self.last_event = Some(stamped);
@@ -318,6 +321,10 @@ impl Replayer {
     /// Consume a line that is not an event.
     fn consume_other(&mut self, line: &RawLine, kind: Kind) {
         self.pending = None;
+        if matches!(kind, Kind::Snapshot { .. }) {
+            // The writer forgot its delta bases here.
+            self.codec.clear();
+        }
         if let Kind::Gap { dropped } = kind
             && let Some(p) = peek(&line.bytes)
             && !self.warnings.gaps.contains(&(p.at, dropped))

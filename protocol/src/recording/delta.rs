@@ -110,43 +110,46 @@ fn replace(v: &Value) -> Value {
 
 /// Apply a patch made by [`diff`].
 pub fn apply(old: &Value, patch: &Value) -> Result<Value, DeltaError> {
+    let mut value = old.clone();
+    apply_in_place(&mut value, patch)?;
+    Ok(value)
+}
+
+/// Apply a patch made by [`diff`] to `value` itself (no copy of what does not change).
+pub fn apply_in_place(value: &mut Value, patch: &Value) -> Result<(), DeltaError> {
     let bad = |what: &str| DeltaError::Malformed(what.to_owned());
     let p = patch
         .as_object()
         .ok_or_else(|| bad("patch is not an object"))?;
     if p.is_empty() {
-        return Ok(old.clone());
+        return Ok(());
     }
     if let Some(v) = p.get("=") {
-        return Ok(v.clone());
+        *value = v.clone();
+        return Ok(());
     }
     if let Some(items) = p.get("@") {
         let items = items.as_object().ok_or_else(|| bad("@ is not an object"))?;
-        let mut list = old
-            .as_array()
-            .ok_or_else(|| bad("@ patch of a value that is not a list"))?
-            .clone();
+        let list = value
+            .as_array_mut()
+            .ok_or_else(|| bad("@ patch of a value that is not a list"))?;
         for (i, ip) in items {
             let i: usize = i.parse().map_err(|_| bad("@ index is not a number"))?;
             let slot = list.get_mut(i).ok_or_else(|| bad("@ index out of range"))?;
-            *slot = apply(slot, ip)?;
+            apply_in_place(slot, ip)?;
         }
-        return Ok(Value::Array(list));
+        return Ok(());
     }
-    let mut object = old
-        .as_object()
-        .ok_or_else(|| bad("object patch of a value that is not an object"))?
-        .clone();
+    let object = value
+        .as_object_mut()
+        .ok_or_else(|| bad("object patch of a value that is not an object"))?;
     if let Some(changed) = p.get("~") {
         let changed = changed
             .as_object()
             .ok_or_else(|| bad("~ is not an object"))?;
         for (key, kp) in changed {
-            let next = match object.get(key) {
-                Some(ov) => apply(ov, kp)?,
-                None => apply(&Value::Null, kp)?,
-            };
-            object.insert(key.clone(), next);
+            let slot = object.entry(key.clone()).or_insert(Value::Null);
+            apply_in_place(slot, kp)?;
         }
     }
     if let Some(gone) = p.get("-") {
@@ -156,7 +159,7 @@ pub fn apply(old: &Value, patch: &Value) -> Result<Value, DeltaError> {
             object.remove(key);
         }
     }
-    Ok(Value::Object(object))
+    Ok(())
 }
 
 /// Replace the value at `path` of an event object by a delta against `base_value`, if

@@ -23,7 +23,21 @@
 //! - The header names the format version. A reader accepts any `1.x` and refuses another
 //!   major version with a one-line message ([`decode_header`]); unknown header keys and
 //!   unknown line kinds of a newer minor version are kept or skipped.
+//! - An event line may carry, instead of its big value (a Skulk `/state`, a worker
+//!   observation, a decision record), a `delta` member: a patch against a *base* named
+//!   by a [`delta::Base`] key ([`delta`]). The base of a key is the value the last
+//!   delta line of that key produced, or, when there is none since the last snapshot
+//!   line (a full line or a `route-gone` of the key drops it; at most 256 keys are kept,
+//!   least recently produced dropped first), the value the replaying model holds for
+//!   the key. Writer and reader follow the same rules over the same lines, so a reader
+//!   that starts at any snapshot decodes exactly what the writer wrote.
 //! - A crash leaves at most one torn last line; readers drop it and say so.
+//! - Segments: `x.jsonl` is followed by `x.1.jsonl`, `x.2.jsonl`… after rotation; each
+//!   starts with a header and a snapshot (it replays on its own) and the one before it
+//!   ends with `{"at":N,"end":{"reason":"rotated","next":"x.1.jsonl",…}}`. A name ending
+//!   in `.zst` is zstd: every snapshot starts a new zstd frame, preceded by a skippable
+//!   frame (magic `0x184D2A5E`) holding `{"at":N,"snapshot":K}`, so that a reader finds
+//!   snapshots by walking frame headers and decompresses only from the one it needs.
 //!
 //! Nothing here does I/O: the console's recorder and replayer own the files.
 
