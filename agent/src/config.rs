@@ -79,6 +79,41 @@ pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
     Ok(std::time::Duration::from_secs_f64(secs))
 }
 
+/// Parse a byte size such as `512MiB`, `1GiB`, `64KB`, `1.5G` or a bare number of bytes.
+/// Binary (`KiB`, `MiB`, `GiB`, `TiB`) and decimal (`KB`, `MB`, `GB`, `TB`) units; a lone
+/// `K`/`M`/`G`/`T` is binary.
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("invalid size {s:?}: expected e.g. 4096, 512MiB or 2GiB"))?;
+    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kib" => 1024.0,
+        "m" | "mib" => 1024.0 * 1024.0,
+        "g" | "gib" => 1024.0 * 1024.0 * 1024.0,
+        "t" | "tib" => 1024.0f64.powi(4),
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "tb" => 1e12,
+        other => {
+            return Err(format!(
+                "invalid size unit {other:?} in {s:?}: use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB"
+            ));
+        }
+    };
+    let bytes = n * mult;
+    if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
+        return Err(format!("invalid size {s:?}"));
+    }
+    Ok(bytes as u64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -98,6 +133,17 @@ mod tests {
         assert!(!err.contains('\n'));
         let ok: Sample = parse(Path::new("a.toml"), "listen = \"x\"").unwrap();
         assert_eq!(ok.listen.as_deref(), Some("x"));
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_bytes("4096").unwrap(), 4096);
+        assert_eq!(parse_bytes("2KiB").unwrap(), 2048);
+        assert_eq!(parse_bytes("1GiB").unwrap(), 1 << 30);
+        assert_eq!(parse_bytes("1.5k").unwrap(), 1536);
+        assert_eq!(parse_bytes("3MB").unwrap(), 3_000_000);
+        assert!(parse_bytes("3 parsecs").is_err());
+        assert!(parse_bytes("").is_err());
     }
 
     #[test]

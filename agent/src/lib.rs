@@ -5,11 +5,17 @@
 //! with real sockets, timers, memory and storage.
 
 pub mod auth;
+pub mod cli;
+pub mod cluster;
 pub mod config;
 pub mod engine;
 pub mod ingress;
 pub mod logging;
 pub mod memory;
 pub mod metrics;
+pub mod router;
 pub mod serving;
+pub mod simulate;
 pub mod tiers;
+pub mod worker;
+pub mod workload;

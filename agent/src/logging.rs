@@ -1,6 +1,7 @@
 //! Structured logs through `tracing`: human-readable text by default, JSON lines with
 //! `--log-format json` for log shippers. `RUST_LOG` (or `--log`) filters.
 
+use std::io::IsTerminal;
 use std::str::FromStr;
 
 use tracing_subscriber::EnvFilter;
@@ -35,7 +36,8 @@ pub fn init(format: LogFormat, filter: Option<&str>) {
         .unwrap_or_else(|| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
     let _ = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().flatten_event(true).try_init(),

@@ -49,11 +49,30 @@ pub trait Submitter: Send + Sync + 'static {
     /// without a terminal delivery does not cancel: call [`Submitter::cancel`].
     fn submit(&self, request: GenerationRequest) -> Result<DeliveryStream, SubmitError>;
 
+    /// Submit a request to be served only by the placed model instance `instance` (den's
+    /// management API: the placement probe pins itself with `?den_instance=ID`). A
+    /// runtime without placed instances serves it like [`Submitter::submit`].
+    fn submit_pinned(
+        &self,
+        request: GenerationRequest,
+        instance: Option<&str>,
+    ) -> Result<DeliveryStream, SubmitError> {
+        let _ = instance;
+        self.submit(request)
+    }
+
     /// Cancel a request (client disconnect, slow client, explicit cancel). Idempotent.
     fn cancel(&self, request: &RequestId);
 
     /// Models that live workers advertise right now.
     fn models(&self) -> Vec<ServedModel>;
+
+    /// The model instance that served a completed request, when the runtime knows (den's
+    /// router does for placed models; answered as `served_by`).
+    fn served_by(&self, request: &RequestId) -> Option<String> {
+        let _ = request;
+        None
+    }
 }
 
 /// A shared submitter.

@@ -128,6 +128,24 @@ pub enum Sub {
         #[arg(long, default_value_t = 1.0)]
         speed: f64,
     },
+    /// Start a router, three workers and a synthetic workload on 127.0.0.1 inside this
+    /// process and open the console on them (`--headless`: print a summary instead).
+    Demo {
+        /// No terminal UI: run for --duration, then print TTFT and cache statistics.
+        #[arg(long)]
+        headless: bool,
+        /// How long the workload runs (e.g. 10s, 2m); without it, until you quit.
+        #[arg(long, value_parser = parse_duration)]
+        duration: Option<std::time::Duration>,
+        /// Number of workers.
+        #[arg(long, default_value_t = 3)]
+        workers: usize,
+    },
+}
+
+/// Parse a human duration such as `500ms`, `10s`, `2m`, `1h` (a bare number is seconds).
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    den_agent::config::parse_duration(s)
 }
 
 /// The config file.

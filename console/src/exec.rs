@@ -88,6 +88,7 @@ async fn place(
         return Finished {
             status: CommandStatus::Failed,
             detail: "place needs a management API (--skulk or --router)".to_owned(),
+            outcome: None,
         };
     };
     let _ = tx
@@ -128,7 +129,11 @@ async fn place(
         Ok(outcome) => outcome.to_string(),
         Err(e) => format!("place {model}: {e}"),
     };
-    Finished { status, detail }
+    Finished {
+        status,
+        detail,
+        outcome: result.as_ref().ok().map(crate::place::outcome_json),
+    }
 }
 
 /// How a command ended, for the caller (and the exit code of a subcommand).
@@ -136,6 +141,8 @@ async fn place(
 pub struct Finished {
     pub status: CommandStatus,
     pub detail: String,
+    /// A placement's outcome as `den place --json` prints it ([`crate::place::outcome_json`]).
+    pub outcome: Option<serde_json::Value>,
 }
 
 /// Run `command`, reporting progress and the outcome on `tx` (also returned).
@@ -198,6 +205,7 @@ pub async fn execute(
         other => Finished {
             status: CommandStatus::Failed,
             detail: format!("`{other}` is not a cluster command"),
+            outcome: None,
         },
     };
     let _ = tx
@@ -222,6 +230,7 @@ async fn send_to(
         return Finished {
             status: CommandStatus::Failed,
             detail: missing.to_owned(),
+            outcome: None,
         };
     };
     let intent = HttpIntent {
@@ -251,6 +260,7 @@ pub fn classify(intent: &HttpIntent, result: Result<HttpAnswer, TransportFailure
                 intent.path,
                 answer.latency.as_millis()
             ),
+            outcome: None,
         },
         Ok(answer) => {
             let error = ApiError::from_response(answer.status, &answer.body);
@@ -268,11 +278,13 @@ pub fn classify(intent: &HttpIntent, result: Result<HttpAnswer, TransportFailure
             Finished {
                 status,
                 detail: format!("{} {}: {error}{hint}", intent.method, intent.path),
+                outcome: None,
             }
         }
         Err(failure) if !failure.sent => Finished {
             status: CommandStatus::Failed,
             detail: format!("not sent: {}", failure.detail),
+            outcome: None,
         },
         Err(failure) => Finished {
             status: CommandStatus::Uncertain,
@@ -280,6 +292,7 @@ pub fn classify(intent: &HttpIntent, result: Result<HttpAnswer, TransportFailure
                 "no answer, it may have been applied: {} — check the cluster before retrying",
                 failure.detail
             ),
+            outcome: None,
         },
     }
 }

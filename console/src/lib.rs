@@ -21,6 +21,7 @@ pub mod theme;
 pub mod ui;
 
 pub mod config;
+pub mod demo;
 pub mod exec;
 pub mod sources;
 pub mod status;

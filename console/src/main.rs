@@ -7,6 +7,7 @@ use clap::Parser;
 
 use den_console::app::Command;
 use den_console::config::{self, Cli, Sub};
+use den_console::demo::{Demo, DemoOptions};
 use den_console::replay::summary;
 use den_console::{record, status, tui};
 
@@ -92,6 +93,11 @@ fn main() -> ExitCode {
                 )
                 .await
             }
+            Some(Sub::Demo {
+                headless,
+                duration,
+                workers,
+            }) => demo(&settings, headless, duration, workers).await,
         }
     })
 }
@@ -165,4 +171,68 @@ fn confirm_on_terminal(model: &str, nodes: &[String]) -> bool {
         eprintln!("den place: not submitted");
     }
     yes
+}
+
+/// `den demo`: the embedded cluster with the console attached (or headless).
+async fn demo(
+    settings: &den_console::config::Settings,
+    headless: bool,
+    duration: Option<Duration>,
+    workers: usize,
+) -> ExitCode {
+    let duration = if headless {
+        Some(duration.unwrap_or(Duration::from_secs(10)))
+    } else {
+        duration
+    };
+    let opts = DemoOptions {
+        workers,
+        duration,
+        token: settings.token.clone(),
+        ..DemoOptions::default()
+    };
+    // The cluster owns a runtime of its own; start and stop it off this runtime's threads.
+    let started = tokio::task::spawn_blocking(move || Demo::start(&opts)).await;
+    let mut demo = match started {
+        Ok(Ok(d)) => d,
+        Ok(Err(e)) => {
+            eprintln!("den: {e}");
+            return ExitCode::from(1);
+        }
+        Err(e) => {
+            eprintln!("den: demo: the cluster failed to start: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    eprintln!("den demo: router on {}", demo.router_url);
+    if headless {
+        let report = tokio::task::spawn_blocking(move || {
+            let r = demo.wait_workload();
+            demo.stop();
+            r
+        })
+        .await
+        .ok()
+        .flatten();
+        match report {
+            Some(r) => {
+                print!("{}", r.summary());
+                ExitCode::SUCCESS
+            }
+            None => {
+                eprintln!("den: demo: the workload did not report");
+                ExitCode::from(1)
+            }
+        }
+    } else {
+        let result = tui::run(demo.settings(settings)).await;
+        let _ = tokio::task::spawn_blocking(move || demo.stop()).await;
+        match result {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("den: {e}");
+                ExitCode::from(1)
+            }
+        }
+    }
 }

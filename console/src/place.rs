@@ -155,7 +155,7 @@ pub async fn place_with(
     confirm: Option<Arc<ConfirmFn>>,
 ) -> Result<Outcome, PlaceError> {
     let nodes: BTreeSet<NodeId> = if args.nodes.is_empty() {
-        BTreeSet::from([own_node(&client).await?])
+        default_nodes(&client, &args.model).await?
     } else {
         args.nodes.into_iter().collect()
     };
@@ -180,7 +180,30 @@ pub async fn place_with(
     driver.place(request).await
 }
 
-/// The management API's own node id (the default target of `den place`).
+/// The node set `den place MODEL` targets without `--node`: the nodes of the first
+/// admitted preview for the model (a den router is a node that runs no model, so its
+/// own id is no target), else the management API's own node (a single Skulk node).
+/// The workflow then previews that exact set again and checks it, as for `--node`.
+async fn default_nodes(
+    client: &ManagementClient,
+    model: &ModelId,
+) -> Result<BTreeSet<NodeId>, PlaceError> {
+    let intent = den_protocol::skulk::HttpIntent::previews(model, [], []);
+    if let Ok(answer) = client.execute(&intent).await
+        && (200..300).contains(&answer.status)
+        && let Ok(previews) =
+            serde_json::from_str::<den_protocol::skulk::api::PreviewsResponse>(&answer.body)
+        && let Some(first) = previews.previews.iter().find(|p| p.is_admitted())
+    {
+        let nodes = first.nodes();
+        if !nodes.is_empty() {
+            return Ok(nodes);
+        }
+    }
+    Ok(BTreeSet::from([own_node(client).await?]))
+}
+
+/// The management API's own node id (the fallback target of `den place`).
 async fn own_node(client: &ManagementClient) -> Result<NodeId, PlaceError> {
     client
         .get_json::<NodeId>("/node_id")

@@ -5,20 +5,19 @@
 //! cargo run --release -p den-protocol --example fleet -- \
 //!     [--trace tests/fixtures/mooncake/conversation_trace.jsonl] [--workers 4,8,16] \
 //!     [--policies all|den,dynamo,...] [--limit N] [--json] [--explain K] \
-//!     [--den v1|v2|v3|v4] [--no-object-store]
+//!     [--den v1|v2|v3|v4|v5|v6] [--no-object-store]
 //! ```
 //! - `--explain K` prints den's decision records for the K requests where den beat the
 //!   best other policy by the most and the K where it lost by the most.
 //! - `--den vN` selects one of the iteration steps of den's policy (default: latest).
 //! - `--no-object-store` removes the shared object store tier (local tiers only).
 
-use std::collections::BTreeSet;
 use std::process::ExitCode;
 use std::time::Instant;
 
 use den_protocol::fleet::{
-    DenOptions, FleetConfig, PolicyKind, PolicyRun, Trace, Workload, parse_policies, report,
-    run_policy,
+    DenOptions, FleetConfig, PolicyKind, PolicyRun, TimeSplit, Trace, Workload, contrasts,
+    contrasts_text, parse_policies, report, run_policy, time_split, time_split_text,
 };
 
 struct Args {
@@ -71,14 +70,21 @@ fn run() -> Result<(), String> {
             continue;
         }
         println!("{}", fleet.table());
-        breakdown(&workload, &config, &runs);
+        let splits: Vec<TimeSplit> = runs
+            .iter()
+            .map(|r| time_split(&workload, &config, r))
+            .collect();
+        print!("{}", time_split_text(&splits));
         println!(
             "({} policies replayed in {:.1} s wall)\n",
             runs.len(),
             elapsed.as_secs_f64()
         );
         if args.explain > 0 {
-            explain(&workload, &config, &runs, args.explain);
+            println!(
+                "{}",
+                contrasts_text(&contrasts(&workload, &config, &runs, args.explain))
+            );
         }
     }
     if args.json {
@@ -118,7 +124,7 @@ fn parse_args() -> Result<Args, String> {
             "--den" => {
                 let v = value()?;
                 args.den = DenOptions::preset(&v)
-                    .ok_or_else(|| format!("--den {v}: use v1, v2, v3, v4 or latest"))?
+                    .ok_or_else(|| format!("--den {v}: use v1, v2, v3, v4, v5, v6 or latest"))?
             }
             "--no-object-store" => args.object_store = false,
             "--json" => args.json = true,
@@ -150,94 +156,4 @@ fn run_all(workload: &Workload, config: &FleetConfig, policies: &[PolicyKind]) -
         }
     });
     slots.into_iter().flatten().collect()
-}
-
-/// Splits each policy's mean TTFT into the request's own prefill (alone on an idle GPU,
-/// with the reuse it got), the wait before its prefill began, and the slowdown while
-/// prefilling (sharing steps with other requests).
-fn breakdown(workload: &Workload, config: &FleetConfig, runs: &[PolicyRun]) {
-    let n = workload.requests.len().max(1) as f64;
-    for run in runs {
-        let (mut own, mut wait, mut slow) = (0.0, 0.0, 0.0);
-        for (i, req) in workload.requests.iter().enumerate() {
-            let reused = run.reused_tokens.get(i).copied().unwrap_or(0);
-            let o = config.cost.solo_prefill_ms(reused, req.input_tokens);
-            let w = run.wait_us.get(i).copied().unwrap_or(0) as f64 / 1e3;
-            own += o;
-            wait += w;
-            slow += run.ttft_us.get(i).copied().unwrap_or(0) as f64 / 1e3 - o - w;
-        }
-        println!(
-            "  {:<13} mean TTFT = own prefill {:>4.0} + wait (queue, load, restore) {:>4.0} + slowdown {:>4.0} ms",
-            run.report.policy,
-            own / n,
-            wait / n,
-            slow / n
-        );
-    }
-}
-
-/// Prints den's decision records where it won and lost most against the best baseline.
-fn explain(workload: &Workload, config: &FleetConfig, runs: &[PolicyRun], k: usize) {
-    let Some(den) = runs.iter().find(|r| r.report.policy == "den") else {
-        return;
-    };
-    let Some(best) = runs
-        .iter()
-        .filter(|r| r.report.policy != "den")
-        .min_by(|a, b| a.report.ttft_ms.mean.total_cmp(&b.report.ttft_ms.mean))
-    else {
-        return;
-    };
-    let mut diffs: Vec<(i64, usize)> = den
-        .ttft_us
-        .iter()
-        .zip(&best.ttft_us)
-        .enumerate()
-        .map(|(i, (&d, &b))| (b as i64 - d as i64, i))
-        .collect();
-    diffs.sort();
-    let losses: Vec<usize> = diffs.iter().take(k).map(|d| d.1).collect();
-    let wins: Vec<usize> = diffs.iter().rev().take(k).map(|d| d.1).collect();
-    // The replay is deterministic: the same run again, recording these decisions.
-    let mut cfg = config.clone();
-    cfg.explain = wins.iter().chain(&losses).copied().collect::<BTreeSet<_>>();
-    let rerun = run_policy(workload, &cfg, PolicyKind::Den);
-    let ms = |v: &[u64], i: usize| v.get(i).copied().unwrap_or(0) as f64 / 1e3;
-    for (label, set) in [("WIN", &wins), ("LOSS", &losses)] {
-        for &i in set {
-            let Some(d) = rerun.decisions.iter().find(|d| d.request == i) else {
-                continue;
-            };
-            println!(
-                "{label} request #{i} (line {}, t={:.3} s, prompt {} tokens): den {:.0} ms on w{:02} reusing {}; {} {:.0} ms on w{:02} reusing {}",
-                d.line,
-                d.at_ms / 1e3,
-                d.input_tokens,
-                ms(&den.ttft_us, i),
-                den.worker.get(i).copied().unwrap_or(0),
-                den.reused_tokens.get(i).copied().unwrap_or(0),
-                best.report.policy,
-                ms(&best.ttft_us, i),
-                best.worker.get(i).copied().unwrap_or(0),
-                best.reused_tokens.get(i).copied().unwrap_or(0),
-            );
-            for s in &d.ranked {
-                let c = &s.candidate;
-                println!(
-                    "    {} {:<6} cached {:>6}  queue {:>7.1}  load {:>7.1}  restore {:>6.1}  prefill {:>7.1}  first {:>4.1}  => {:>7.1} ms",
-                    c.worker_id,
-                    c.tier.as_str(),
-                    c.cached_token_count,
-                    c.queue_ms,
-                    c.prefix_load_ms,
-                    c.gpu_restore_ms,
-                    s.estimate.missing as f64 * c.prefill_ms_per_token,
-                    c.first_token_ms,
-                    s.estimate.ttft_ms
-                );
-            }
-        }
-    }
-    println!();
 }

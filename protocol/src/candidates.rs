@@ -81,6 +81,14 @@ impl Catalog {
         }
     }
 
+    /// The chunk's object-store copy is gone or corrupt: stop offering it from the object
+    /// store (local replicas are unaffected). A worker that stores it again republishes it.
+    pub fn withdraw_object(&mut self, model: &ModelFingerprint, hash: PrefixHash) {
+        if let Some(e) = self.chunks.get_mut(&(model.clone(), hash)) {
+            e.object = false;
+        }
+    }
+
     /// Forget every replica on a node (the node left the cluster).
     pub fn remove_node(&mut self, node: &NodeId) {
         self.replicas.retain(|(n, _, _), _| n != node);
@@ -345,6 +353,23 @@ mod tests {
             .find(|s| s.candidate.tier == Tier::Object && s.candidate.cached_token_count == 4)
             .map(|s| s.estimate.ttft_ms);
         assert!(object4.is_some_and(|t| close(t, 221.6)), "{object4:?}");
+    }
+
+    #[test]
+    fn withdrawn_object_copy_is_no_longer_a_source() {
+        let (request, mut obs, mut catalog) = fixture();
+        obs.object_store = true;
+        let plan = plan_chunks(request.processed_tokens(), 2);
+        let object = |c: &Catalog| {
+            candidates_for(&request, 2, [&obs], c)
+                .iter()
+                .filter(|c| c.tier == Tier::Object)
+                .count()
+        };
+        assert_eq!(object(&catalog), 3);
+        catalog.withdraw_object(&MODEL.into(), plan[1].hash);
+        // The run stops at the withdrawn chunk: only the first boundary is left.
+        assert_eq!(object(&catalog), 1);
     }
 
     #[test]

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::candidate::{Tier, TransferCapabilities};
 use crate::chunk::PrefixHash;
 use crate::ids::{Epoch, HeartbeatVersion, ModelFingerprint, NodeId, RouteId, WorkerId};
+use crate::skulk::{AttemptId, InstanceId, ModelId, RunnerId};
 
 /// A prefix resident in a worker's GPU page pool, advertised by heartbeat only.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -79,6 +80,113 @@ pub struct Observation {
     pub evictions: BTreeMap<String, u64>,
     /// The memory backend, e.g. `host` or `cuda: NVIDIA H200`.
     pub backend: String,
+    /// Bytes a runner's KV page pool may take (management API; 0: no runners).
+    pub kv_budget_bytes: u64,
+    /// Download attempts of model artifacts, newest last (management API).
+    pub downloads: Vec<DownloadReport>,
+    /// Runners of placed model instances (management API).
+    pub runners: Vec<RunnerReport>,
+}
+
+/// One download attempt of a model artifact. Its id is unique; the transient and the
+/// terminal reports of one attempt share it, and a terminal report never changes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DownloadReport {
+    pub attempt_id: AttemptId,
+    pub model_id: ModelId,
+    pub card_digest: String,
+    /// The instance whose placement started it (`None` for an installation found on disk
+    /// at start, reported with the attempt id that installed it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_id: Option<InstanceId>,
+    pub stage: DownloadStage,
+    #[serde(default)]
+    pub bytes_done: u64,
+    #[serde(default)]
+    pub bytes_total: u64,
+    #[serde(default)]
+    pub files_done: u32,
+    #[serde(default)]
+    pub files_total: u32,
+    /// Bytes per second of this attempt so far.
+    #[serde(default)]
+    pub bytes_per_s: f64,
+    /// Where the artifact is (or will be) installed on the worker.
+    #[serde(default)]
+    pub directory: String,
+}
+
+/// Where a download attempt is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "stage", rename_all = "kebab-case")]
+pub enum DownloadStage {
+    /// Accepted, not started.
+    Pending,
+    /// Fetching files.
+    Ongoing,
+    /// Every file verified, installation finalized.
+    Completed,
+    /// This attempt failed; `reason` is one line.
+    Failed { reason: String },
+}
+
+impl DownloadStage {
+    pub fn is_terminal(&self) -> bool {
+        matches!(
+            self,
+            DownloadStage::Completed | DownloadStage::Failed { .. }
+        )
+    }
+}
+
+/// One runner of a placed instance.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunnerReport {
+    pub runner_id: RunnerId,
+    pub instance_id: InstanceId,
+    pub model_id: ModelId,
+    pub card_digest: String,
+    pub stage: RunnerStage,
+    /// The download attempt whose installation the runner loads (an earlier one when the
+    /// artifact was already installed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt_id: Option<AttemptId>,
+    /// The runner's memory once loaded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<RunnerPool>,
+}
+
+/// The lifecycle of a runner.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "stage", rename_all = "kebab-case")]
+pub enum RunnerStage {
+    /// Waiting for its artifact's download.
+    Waiting,
+    Loading {
+        layers_loaded: u64,
+        total_layers: u64,
+    },
+    Ready,
+    /// Ready and serving at least one request.
+    Running,
+    /// `code` is a stable category (`download_failed`, `load_failed`, `runner_busy`, …).
+    Failed {
+        message: String,
+        code: String,
+    },
+    ShuttingDown,
+}
+
+/// The memory a loaded runner holds: its weights and its KV page pool, sized from the
+/// card's KV bytes per token and the worker's KV budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct RunnerPool {
+    pub weights_bytes: u64,
+    pub pages: u32,
+    pub page_size: u32,
+    pub page_bytes: u64,
+    /// Tokens the pool holds for one sequence, capped by the card's context length.
+    pub context_tokens: u64,
 }
 
 impl Observation {
@@ -117,6 +225,9 @@ impl Observation {
             tiers: BTreeMap::new(),
             evictions: BTreeMap::new(),
             backend: String::new(),
+            kv_budget_bytes: 0,
+            downloads: Vec::new(),
+            runners: Vec::new(),
         }
     }
 }
@@ -130,6 +241,8 @@ pub enum ObservationError {
     NotPositive(&'static str),
     #[error("observation worker_id is empty")]
     EmptyWorker,
+    #[error("observation {0}")]
+    Management(String),
 }
 
 #[derive(Deserialize)]
@@ -174,6 +287,12 @@ struct RawObservation {
     evictions: BTreeMap<String, u64>,
     #[serde(default)]
     backend: String,
+    #[serde(default)]
+    kv_budget_bytes: u64,
+    #[serde(default)]
+    downloads: Vec<DownloadReport>,
+    #[serde(default)]
+    runners: Vec<RunnerReport>,
 }
 
 fn yes() -> bool {
@@ -215,6 +334,7 @@ impl TryFrom<RawObservation> for Observation {
         for v in r.tier_fixed_ms.values() {
             non_negative("tier_fixed_ms", *v)?;
         }
+        validate_management(&r.downloads, &r.runners)?;
         Ok(Observation {
             worker_id: r.worker_id,
             node: r.node,
@@ -241,8 +361,53 @@ impl TryFrom<RawObservation> for Observation {
             tiers: r.tiers,
             evictions: r.evictions,
             backend: r.backend,
+            kv_budget_bytes: r.kv_budget_bytes,
+            downloads: r.downloads,
+            runners: r.runners,
         })
     }
+}
+
+/// Download and runner reports: ids present, byte counts consistent, rates finite.
+fn validate_management(
+    downloads: &[DownloadReport],
+    runners: &[RunnerReport],
+) -> Result<(), ObservationError> {
+    let bad = |what: String| Err(ObservationError::Management(what));
+    for d in downloads {
+        if d.attempt_id.as_str().is_empty() || d.model_id.as_str().is_empty() {
+            return bad("downloads: attempt_id and model_id must not be empty".into());
+        }
+        if d.bytes_done > d.bytes_total {
+            return bad(format!(
+                "downloads: attempt {} has {} of {} bytes",
+                d.attempt_id, d.bytes_done, d.bytes_total
+            ));
+        }
+        if !(d.bytes_per_s.is_finite() && d.bytes_per_s >= 0.0) {
+            return bad(format!(
+                "downloads: attempt {} rate must be a finite number ≥ 0",
+                d.attempt_id
+            ));
+        }
+    }
+    for r in runners {
+        if r.runner_id.as_str().is_empty() || r.instance_id.as_str().is_empty() {
+            return bad("runners: runner_id and instance_id must not be empty".into());
+        }
+        if let RunnerStage::Loading {
+            layers_loaded,
+            total_layers,
+        } = r.stage
+            && layers_loaded > total_layers
+        {
+            return bad(format!(
+                "runners: runner {} loaded {layers_loaded} of {total_layers} layers",
+                r.runner_id
+            ));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -260,5 +425,54 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("queue_ms"), "{err}");
+    }
+
+    #[test]
+    fn management_reports_round_trip_and_are_validated() {
+        let mut o = Observation::new("w", "n");
+        o.kv_budget_bytes = 1 << 20;
+        o.downloads.push(DownloadReport {
+            attempt_id: "a1".into(),
+            model_id: "den/tiny".into(),
+            card_digest: "d".into(),
+            instance_id: Some("i1".into()),
+            stage: DownloadStage::Failed {
+                reason: "checksum mismatch".into(),
+            },
+            bytes_done: 5,
+            bytes_total: 10,
+            files_done: 0,
+            files_total: 1,
+            bytes_per_s: 1.5,
+            directory: "/d".into(),
+        });
+        o.runners.push(RunnerReport {
+            runner_id: "r1".into(),
+            instance_id: "i1".into(),
+            model_id: "den/tiny".into(),
+            card_digest: "d".into(),
+            stage: RunnerStage::Loading {
+                layers_loaded: 1,
+                total_layers: 4,
+            },
+            attempt_id: None,
+            pool: None,
+        });
+        let json = serde_json::to_string(&o).unwrap();
+        assert!(json.contains(r#""stage":"failed""#), "{json}");
+        assert_eq!(serde_json::from_str::<Observation>(&json).unwrap(), o);
+        // Older workers send neither list: defaults.
+        let plain = serde_json::to_value(Observation::new("w", "n")).unwrap();
+        let mut old = plain.as_object().unwrap().clone();
+        old.remove("downloads");
+        old.remove("runners");
+        old.remove("kv_budget_bytes");
+        let parsed: Observation = serde_json::from_value(old.into()).unwrap();
+        assert!(parsed.downloads.is_empty() && parsed.runners.is_empty());
+        let bad = json.replace(r#""bytes_done":5"#, r#""bytes_done":50"#);
+        let err = serde_json::from_str::<Observation>(&bad)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("50 of 10"), "{err}");
     }
 }

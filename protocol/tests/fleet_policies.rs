@@ -7,6 +7,7 @@ use den_protocol::fleet::baselines::{
 };
 use den_protocol::fleet::den::{DenWorker, Shape, candidates, decide};
 use den_protocol::fleet::load::WorkerLoad;
+use den_protocol::fleet::plan::PendingPrefill;
 use den_protocol::fleet::worker::Source;
 use den_protocol::fleet::{
     CostModel, DenOptions, FleetConfig, PolicyKind, Trace, TraceRequest, Workload, parse_policies,
@@ -159,7 +160,14 @@ fn den_prefers_a_warm_ram_prefix_on_an_idle_worker_to_a_busy_gpu() {
         block_tokens: &tokens,
     };
     let mut busy = WorkerLoad::idle(cost.gpu_kv_blocks, &cost);
+    // ~2 s of someone else's prefill ahead, as the pending sum (v2–v5 read it) and as
+    // the engine plan (v6 replays it).
     busy.pending_prefill_model_ms = 2000.0;
+    busy.plan.pending = vec![PendingPrefill {
+        ready_in_ms: 0.0,
+        done_tokens: 0,
+        input_tokens: 40_000,
+    }];
     let idle = WorkerLoad::idle(cost.gpu_kv_blocks, &cost);
     let workers = [
         den_worker("busy", busy, vec![Some(Source::Gpu); 15]),

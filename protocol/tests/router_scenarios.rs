@@ -339,3 +339,72 @@ fn unavailability_must_name_the_current_attempts_worker() {
     assert_eq!(sends(&effects), [("offer", "second".to_owned(), 2)]);
     assert_eq!(locals(&effects)[0], "cancel-offer-timer");
 }
+
+/// Worker `a` offers a GPU prefix and an SSD boundary, worker `b` recomputes; the order
+/// is a/gpu, a/ssd, b/none.
+fn same_worker_alternatives() -> (Router, Vec<RouterEffect>) {
+    let mut router = Router::new(RouterConfig::default());
+    let gpu = Candidate {
+        source_continuation_id: Some("resident".into()),
+        ..router_cand("a", Tier::Gpu, 96)
+    };
+    let ssd = Candidate {
+        prefix_load_ms: 5.0,
+        ..router_cand("a", Tier::Ssd, 64)
+    };
+    let none = Candidate {
+        queue_ms: 40.0,
+        ..router_cand("b", Tier::None, 0)
+    };
+    let effects = router.handle(
+        T0,
+        RouterInput::submit(common::router_request("r"), vec![none, ssd, gpu]),
+    );
+    (router, effects)
+}
+
+#[test]
+fn a_stale_gpu_decline_keeps_the_same_workers_durable_alternative() {
+    let (mut router, effects) = same_worker_alternatives();
+    assert_eq!(sends(&effects), [("offer", "a".to_owned(), 1)]);
+    let effects = router.handle(
+        Millis(1),
+        decline(a("r", 1), DeclineReason::ResidentPrefixUnavailable),
+    );
+    let next = offer(&effects).expect("an offer");
+    assert_eq!(
+        (next.candidate.worker_id.as_str(), next.candidate.tier),
+        ("a", Tier::Ssd)
+    );
+}
+
+#[test]
+fn a_timed_out_worker_is_not_offered_its_other_alternatives() {
+    let (mut router, _) = same_worker_alternatives();
+    let at = Millis(RouterConfig::default().offer_timeout_ms);
+    let effects = router.handle(
+        at,
+        RouterInput::OfferTimeout {
+            assignment: a("r", 1),
+        },
+    );
+    assert_eq!(
+        sends(&effects),
+        [("cancel", "a".to_owned(), 1), ("offer", "b".to_owned(), 2)],
+        "the next offer goes to another worker, not a's SSD alternative"
+    );
+}
+
+#[test]
+fn a_decline_that_holds_for_the_whole_worker_skips_its_other_alternatives() {
+    for reason in [
+        DeclineReason::RequestAlreadyAssigned,
+        DeclineReason::Draining,
+        DeclineReason::WorkerEpochChanged,
+        DeclineReason::ModelNotLoaded,
+    ] {
+        let (mut router, _) = same_worker_alternatives();
+        let effects = router.handle(Millis(1), decline(a("r", 1), reason));
+        assert_eq!(sends(&effects), [("offer", "b".to_owned(), 2)], "{reason}");
+    }
+}

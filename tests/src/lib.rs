@@ -9,6 +9,9 @@
 //!   its script format, and [`FixtureServer`] to start it and read back what it received.
 //! - [`router_stub`]: an in-process den router stand-in (console feed WebSocket plus
 //!   `/node_id` and `/state`) for console and recording tests.
+//! - [`agents`]: starting den's router and workers for end-to-end tests.
+//! - [`manage`]: model artifacts, catalog cards and a client of the router's management
+//!   API for its end-to-end tests.
 //! - Below: [`wait_until`] / [`wait_until_async`] polling, [`free_port`], [`temp_dir`],
 //!   and paths of the vendored fixtures ([`fixtures_dir`]).
 //!
@@ -25,8 +28,10 @@
 //! cargo builds this crate's binaries before its integration tests and names them that
 //! way. Other binaries (`den`, `den-agent`) are found with [`binary`].
 
+pub mod agents;
 pub mod fixture_client;
 pub mod fixture_server;
+pub mod manage;
 pub mod process;
 pub mod recording;
 pub mod router_stub;

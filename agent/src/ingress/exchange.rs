@@ -160,7 +160,11 @@ impl Exchange {
                             let text = engine::detokenize(&result.tokens);
                             let usage = Usage::from_result(self.prompt_tokens, &result);
                             let finish = finish_reason(&result, self.limit);
-                            json_response(StatusCode::OK, self.shape.full(&text, finish, &usage))
+                            let served_by = tracker.submitter.served_by(&tracker.id);
+                            json_response(
+                                StatusCode::OK,
+                                self.shape.full(&text, finish, &usage, served_by.as_deref()),
+                            )
                         }
                         Err(e) => {
                             tracker.finish("failed");

@@ -33,6 +33,9 @@
 //!   `request_cancelled` (spec §9: cancelled → 500); a client that disconnected gets no
 //!   answer, and its request is cancelled once.
 //! - Sampling fields are validated and carried but not applied (greedy decoding).
+//! - A non-streamed answer for a model placed through den's management API names the
+//!   instance that served it (`served_by`); `?den_instance=ID` pins a request to that
+//!   instance (the placement probe uses it), and no other worker may serve it.
 //!
 //! Error mapping (every body is `{"error":{"message","type","param","code"}}`):
 //!
@@ -292,7 +295,14 @@ impl Ingress {
                 return ApiError::bad_request("invalid_value", e.to_string()).into_response();
             }
         };
-        let rx = match self.submitter.submit(request) {
+        // den's placement probe pins itself to the instance it checks.
+        let pin = parts.uri.query().and_then(|q| {
+            crate::router::manage::http::parse_query(q)
+                .into_iter()
+                .find(|(k, v)| k == "den_instance" && !v.is_empty())
+                .map(|(_, v)| v)
+        });
+        let rx = match self.submitter.submit_pinned(request, pin.as_deref()) {
             Ok(rx) => rx,
             Err(e) => {
                 exchange::count_request(metrics, label, "refused");

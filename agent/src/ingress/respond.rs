@@ -128,8 +128,15 @@ impl Shape {
         }
     }
 
-    /// The non-streamed 200 body.
-    pub fn full(&self, text: &str, finish: &str, usage: &Usage) -> Vec<u8> {
+    /// The non-streamed 200 body. `served_by` names the model instance that served it
+    /// (den's router knows it for placed models).
+    pub fn full(
+        &self,
+        text: &str,
+        finish: &str,
+        usage: &Usage,
+        served_by: Option<&str>,
+    ) -> Vec<u8> {
         let choice = match self.endpoint {
             Endpoint::Chat => json!({
                 "index": 0,
@@ -148,7 +155,7 @@ impl Shape {
             Endpoint::Chat => "chat.completion",
             Endpoint::Completions => "text_completion",
         };
-        let body = json!({
+        let mut body = json!({
             "id": self.id,
             "object": object,
             "created": self.created,
@@ -157,6 +164,9 @@ impl Shape {
             "choices": [choice],
             "usage": usage.json(),
         });
+        if let (Some(instance), Some(map)) = (served_by, body.as_object_mut()) {
+            map.insert("served_by".to_owned(), json!(instance));
+        }
         // Serialising a `Value` cannot fail.
         serde_json::to_vec(&body).unwrap_or_default()
     }

@@ -31,6 +31,67 @@ use crate::tiers::{
 
 const SUFFIX: &str = ".chunk";
 
+/// The object_store client for `config` and the object-name prefix inside it ("" for
+/// none). Creates the directory of a `file://` URL; nothing is contacted yet. Shared by
+/// the object tier and the workers' model downloads.
+pub fn open_store(config: &ObjectConfig) -> Result<(Arc<dyn ObjectStore>, String), TierError> {
+    let (store, prefix): (Arc<dyn ObjectStore>, String) = match &config.url {
+        ObjectUrl::Memory { prefix } => (Arc::new(InMemory::new()), prefix.clone()),
+        ObjectUrl::File { dir } => {
+            std::fs::create_dir_all(dir).map_err(|e| TierError::Io {
+                tier: Tier::Object,
+                op: "create directory",
+                location: dir.display().to_string(),
+                message: e.to_string(),
+            })?;
+            let fs = LocalFileSystem::new_with_prefix(dir)
+                .map_err(|e| TierError::Config(e.to_string()))?
+                .with_fsync(true);
+            (Arc::new(fs), String::new())
+        }
+        ObjectUrl::S3 { bucket, prefix } => {
+            config.s3.validate().map_err(TierError::Config)?;
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            let s = &config.s3;
+            let mut b = AmazonS3Builder::new()
+                .with_bucket_name(bucket)
+                .with_region(s.region.clone().unwrap_or_else(|| "us-east-1".to_owned()))
+                .with_virtual_hosted_style_request(false)
+                .with_retry(RetryConfig {
+                    backoff: BackoffConfig {
+                        init_backoff: Duration::from_millis(100),
+                        max_backoff: Duration::from_secs(5),
+                        base: 2.0,
+                    },
+                    max_retries: 3,
+                    retry_timeout: Duration::from_secs(30),
+                })
+                // Client options replace the builder's, allow_http included, so
+                // allow_http is set after them.
+                .with_client_options(
+                    ClientOptions::new()
+                        .with_connect_timeout(Duration::from_secs(5))
+                        .with_timeout(Duration::from_secs(120)),
+                )
+                .with_allow_http(s.http_allowed());
+            if let Some(ep) = &s.endpoint {
+                b = b.with_endpoint(ep);
+            }
+            if let (Some(id), Some(secret)) = (&s.access_key_id, &s.secret_access_key) {
+                b = b
+                    .with_access_key_id(id)
+                    .with_secret_access_key(secret.expose());
+            }
+            if let Some(token) = &s.session_token {
+                b = b.with_token(token.expose());
+            }
+            let store = b.build().map_err(|e| TierError::Config(e.to_string()))?;
+            (Arc::new(store), prefix.clone())
+        }
+    };
+    Ok((store, prefix))
+}
+
 /// Chunks in an object store.
 #[derive(Debug, Clone)]
 pub struct ObjectTier {
@@ -45,60 +106,7 @@ impl ObjectTier {
     /// Builds the client for `config.url`. Creates the directory of a `file://` URL.
     /// Nothing is contacted yet: a wrong endpoint or missing bucket shows up on first use.
     pub fn open(config: &ObjectConfig) -> Result<Self, TierError> {
-        let (store, prefix): (Arc<dyn ObjectStore>, String) = match &config.url {
-            ObjectUrl::Memory { prefix } => (Arc::new(InMemory::new()), prefix.clone()),
-            ObjectUrl::File { dir } => {
-                std::fs::create_dir_all(dir).map_err(|e| TierError::Io {
-                    tier: Tier::Object,
-                    op: "create directory",
-                    location: dir.display().to_string(),
-                    message: e.to_string(),
-                })?;
-                let fs = LocalFileSystem::new_with_prefix(dir)
-                    .map_err(|e| TierError::Config(e.to_string()))?
-                    .with_fsync(true);
-                (Arc::new(fs), String::new())
-            }
-            ObjectUrl::S3 { bucket, prefix } => {
-                config.s3.validate().map_err(TierError::Config)?;
-                let _ = rustls::crypto::ring::default_provider().install_default();
-                let s = &config.s3;
-                let mut b = AmazonS3Builder::new()
-                    .with_bucket_name(bucket)
-                    .with_region(s.region.clone().unwrap_or_else(|| "us-east-1".to_owned()))
-                    .with_virtual_hosted_style_request(false)
-                    .with_retry(RetryConfig {
-                        backoff: BackoffConfig {
-                            init_backoff: Duration::from_millis(100),
-                            max_backoff: Duration::from_secs(5),
-                            base: 2.0,
-                        },
-                        max_retries: 3,
-                        retry_timeout: Duration::from_secs(30),
-                    })
-                    // Client options replace the builder's, allow_http included, so
-                    // allow_http is set after them.
-                    .with_client_options(
-                        ClientOptions::new()
-                            .with_connect_timeout(Duration::from_secs(5))
-                            .with_timeout(Duration::from_secs(120)),
-                    )
-                    .with_allow_http(s.http_allowed());
-                if let Some(ep) = &s.endpoint {
-                    b = b.with_endpoint(ep);
-                }
-                if let (Some(id), Some(secret)) = (&s.access_key_id, &s.secret_access_key) {
-                    b = b
-                        .with_access_key_id(id)
-                        .with_secret_access_key(secret.expose());
-                }
-                if let Some(token) = &s.session_token {
-                    b = b.with_token(token.expose());
-                }
-                let store = b.build().map_err(|e| TierError::Config(e.to_string()))?;
-                (Arc::new(store), prefix.clone())
-            }
-        };
+        let (store, prefix) = open_store(config)?;
         Ok(ObjectTier {
             store,
             url: config.url.clone(),

@@ -16,6 +16,7 @@ use den_protocol::decision::DecisionRecord;
 use den_protocol::evidence::EvidenceReducer;
 use den_protocol::ids::{RequestId, WorkerId};
 use den_protocol::session::{CommandSeq, SourceId};
+use den_protocol::skulk::InstanceId;
 use den_protocol::time::Millis;
 
 use super::feed::route_row;
@@ -37,7 +38,15 @@ pub struct Checkpoint {
     commands: BTreeMap<CommandSeq, CommandTrack>,
     log: Vec<EventLine>,
     log_seq: u64,
+    /// The newest inference record seen of each instance (older recordings lack it).
+    #[serde(default)]
+    inference_seen: Vec<InferenceSeen>,
 }
+
+/// `((source, instance), (completed, last completed at))`: a list, since JSON object
+/// keys cannot be pairs.
+type InferenceSeen = ((SourceId, InstanceId), (u64, Option<String>));
+type InferenceSeenRef<'a> = (&'a (SourceId, InstanceId), &'a (u64, Option<String>));
 
 /// The same fields, borrowed from a live model for writing.
 #[derive(Serialize)]
@@ -52,6 +61,7 @@ struct CheckpointRef<'a> {
     commands: &'a BTreeMap<CommandSeq, CommandTrack>,
     log: &'a [EventLine],
     log_seq: u64,
+    inference_seen: Vec<InferenceSeenRef<'a>>,
 }
 
 /// A checkpoint that could not be written or read.
@@ -78,6 +88,7 @@ impl Model {
             commands: &self.commands,
             log: &self.log,
             log_seq: self.log_seq,
+            inference_seen: self.inference_seen.iter().collect(),
         };
         serde_json::to_string(&view).map_err(|e| CheckpointError(e.to_string()))
     }
@@ -109,6 +120,7 @@ impl Model {
             cluster_dirty: c.evidence_at.is_some(),
             workers_dirty: true,
             sources_dirty: true,
+            inference_seen: c.inference_seen.into_iter().collect(),
         };
         model.settle();
         model

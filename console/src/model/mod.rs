@@ -29,7 +29,7 @@ use den_protocol::observation::Observation;
 use den_protocol::session::{
     CommandSeq, CommandStatus, SessionEvent, SourceId, SourceKind, Stamped,
 };
-use den_protocol::skulk::State;
+use den_protocol::skulk::{InstanceId, State};
 use den_protocol::time::Millis;
 
 pub use checkpoint::{Checkpoint, CheckpointError};
@@ -190,6 +190,9 @@ pub struct Model {
     cluster_dirty: bool,
     workers_dirty: bool,
     sources_dirty: bool,
+    /// The newest inference record of each instance a den router reported, by source:
+    /// a changed one is a probe observed through that management API.
+    inference_seen: BTreeMap<(SourceId, InstanceId), (u64, Option<String>)>,
 }
 
 impl Default for Model {
@@ -222,6 +225,7 @@ impl Model {
             cluster_dirty: false,
             workers_dirty: false,
             sources_dirty: false,
+            inference_seen: BTreeMap::new(),
         }
     }
 

@@ -1,7 +1,9 @@
 //! Source events: registration, connection changes, `/node_id` and `/state` answers and
 //! poll failures (the evidence reducer sees every poll).
 
-use den_protocol::evidence::{EndpointLabel, Input, PollFailure, PollObservation, PollResult};
+use den_protocol::evidence::{
+    EndpointLabel, Input, PollFailure, PollObservation, PollResult, ProbeOutcome,
+};
 use den_protocol::ids::NodeId;
 use den_protocol::session::{SourceId, SourceKind};
 use den_protocol::skulk::State;
@@ -127,6 +129,7 @@ impl Model {
                 result: PollResult::State(Box::new(state.clone())),
             }),
         );
+        self.served_inference(at, source, state);
         if first || recovered {
             let text = format!(
                 "/state answers ({} nodes, {} instances, {latency_ms} ms)",
@@ -137,6 +140,59 @@ impl Model {
         }
         self.log_notices(at, source, notices);
         self.cluster_dirty = true;
+    }
+
+    /// den's routers report, per instance, the ordinary inference its current runner
+    /// served (`/state.inference`). A new completion there is a successful probe through
+    /// that management API, attributed to the instance by the router that routed it:
+    /// this console sends no inference of its own, so this is how `den status` sees what
+    /// `den place` (or any client) proved. Only a record for the instance's current
+    /// runner counts, and only when it changed since this source last reported it.
+    fn served_inference(&mut self, at: Millis, source: &SourceId, state: &State) {
+        let Some(records) = &state.inference else {
+            return;
+        };
+        for (instance, record) in records {
+            if record.completed == 0 {
+                continue;
+            }
+            let current = state
+                .instances
+                .get(instance)
+                .and_then(|i| i.core())
+                .is_some_and(|core| match &record.runner_id {
+                    Some(runner) => core
+                        .shard_assignments
+                        .node_to_runner
+                        .values()
+                        .any(|r| r == runner),
+                    None => true,
+                });
+            if !current {
+                continue;
+            }
+            let seen = (record.completed, record.last_completed_at.clone());
+            let key = (source.clone(), instance.clone());
+            if self.inference_seen.get(&key) == Some(&seen) {
+                continue;
+            }
+            self.inference_seen.insert(key, seen);
+            self.evidence.handle(
+                at,
+                Input::Probe {
+                    instance: instance.clone(),
+                    outcome: ProbeOutcome::Succeeded {
+                        served_by: Some(instance.clone()),
+                    },
+                },
+            );
+            let text = format!(
+                "instance {} served inference ({} completed, router record)",
+                super::log::short(instance.as_str()),
+                record.completed
+            );
+            self.log_line(at, Some(source), Level::Good, text);
+        }
     }
 
     pub(super) fn poll_failed(

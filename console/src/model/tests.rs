@@ -303,6 +303,81 @@ fn an_unprobed_instance_is_never_ready_and_a_probe_makes_it_ready() {
 }
 
 #[test]
+fn inference_a_den_router_attributes_to_the_current_runner_counts_as_a_probe() {
+    use den_protocol::skulk::InstanceInference;
+    let instance = "5838fcd2-a1f3-4dea-9074-158c5ed8c17c";
+    let with = |record: Option<InstanceInference>| {
+        let mut state =
+            fixtures::skulk_state("derived/state_two_nodes_running.json").expect("state");
+        state.inference = Some(record.into_iter().map(|r| (instance.into(), r)).collect());
+        let events = vec![
+            ev(
+                0,
+                SessionEvent::SourceAdded {
+                    source: "mgmt".into(),
+                    kind: SourceKind::DenRouter,
+                    url: "http://m".into(),
+                },
+            ),
+            ev(
+                90,
+                SessionEvent::SkulkNodeId {
+                    source: "mgmt".into(),
+                    node: ALPHA.into(),
+                },
+            ),
+            ev(
+                100,
+                SessionEvent::SkulkState {
+                    source: "mgmt".into(),
+                    state: Box::new(state),
+                    latency_ms: 3,
+                },
+            ),
+        ];
+        let model = model_of(&events);
+        let kind = model
+            .views()
+            .instances
+            .iter()
+            .find_map(|r| match r {
+                InstanceRow::Instance {
+                    instance: i,
+                    verdict,
+                    ..
+                } if i == instance => Some(verdict.kind.clone()),
+                _ => None,
+            })
+            .expect("instance row");
+        (kind, model)
+    };
+    let served = InstanceInference {
+        completed: 1,
+        last_completed_at: Some("2026-01-01T00:00:00.000Z".into()),
+        ..InstanceInference::default()
+    };
+    let (kind, model) = with(Some(served.clone()));
+    assert_eq!(kind, "ready");
+    assert!(
+        model
+            .events()
+            .iter()
+            .any(|e| e.text.contains("served inference (1 completed"))
+    );
+    assert_eq!(with(None).0, "unprobed");
+    let none = InstanceInference {
+        completed: 0,
+        ..served.clone()
+    };
+    assert_eq!(with(Some(none)).0, "unprobed");
+    let other_runner = InstanceInference {
+        runner_id: Some("a-runner-this-instance-does-not-have".into()),
+        ..served
+    };
+    assert_eq!(with(Some(other_runner)).0, "unprobed");
+}
+
+#[test]
 fn commands_progress_and_outcomes_are_kept_and_logged() {
     let id = CommandSeq(7);
     let model = model_of(&[

@@ -376,7 +376,16 @@ pub async fn command(settings: &Settings, command: Command, json: bool) -> ExitC
     drop(tx);
     let _ = printer.await;
     if json {
-        let body = serde_json::json!({ "status": finished.status, "detail": finished.detail });
+        // A placement adds its outcome (`outcome`, `instance_id`, `command_id`, `reason`,
+        // `exit_code`, …) to the status and detail every command prints.
+        let mut body = serde_json::json!({ "status": finished.status, "detail": finished.detail });
+        if let (Some(serde_json::Value::Object(outcome)), Some(map)) =
+            (&finished.outcome, body.as_object_mut())
+        {
+            for (k, v) in outcome {
+                map.entry(k.clone()).or_insert_with(|| v.clone());
+            }
+        }
         println!("{body}");
     } else {
         let line = format!("{}: {}", finished.status, finished.detail);

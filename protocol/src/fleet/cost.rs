@@ -1,7 +1,7 @@
 //! The cost model of one deployment: an 8B-class model on H100-class GPUs with a host
 //! RAM tier, a local NVMe tier and a shared object store.
 //!
-//! Every number below carries its source. Conventions as in `anchors.md`: **[src]** is a
+//! Every number below carries its source. Conventions as in `anchors.md`: **\[src\]** is a
 //! published figure; **derived** is arithmetic on published figures; **assumption** is a
 //! deployment choice or an efficiency we could not find measured, stated so it can be
 //! changed. Defaults are [`CostModel::h100_llama8b`].

@@ -1,6 +1,7 @@
 //! What a router observes of one worker: the per-worker load every policy reads.
 
 use super::cost::CostModel;
+use super::plan::EnginePlan;
 
 /// A worker's load as a router observes it (all policies see the same, current values).
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -23,6 +24,9 @@ pub struct WorkerLoad {
     pub object_backlog_ms: f64,
     /// Time until the worker's host → GPU copy queue drains, ms.
     pub pcie_backlog_ms: f64,
+    /// Host → GPU copy time that requests waiting for admission will book when admitted
+    /// (FCFS, so before any request routed now), ms.
+    pub pcie_queued_ms: f64,
     /// KV blocks held or reserved by requests routed here and not finished.
     pub active_blocks: u32,
     pub capacity_blocks: u32,
@@ -41,6 +45,8 @@ pub struct WorkerLoad {
     /// worker's mean output length so far — not the request's true length, which a real
     /// worker cannot know — at the measured decode step).
     pub releases: Vec<(f64, u32)>,
+    /// The engine's pending prefills and decode state, to replay its next steps.
+    pub plan: EnginePlan,
 }
 
 impl WorkerLoad {

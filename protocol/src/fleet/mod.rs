@@ -6,7 +6,9 @@
 //! costs and their sources in [`cost`], tiered block cache in [`cache`]) under each
 //! routing policy ([`policy`]: den's TTFT policy in [`den`], Dynamo, SGLang and llm-d in
 //! [`baselines`], round-robin and least-loaded), and reports TTFT, throughput, cache
-//! reuse, bytes moved per tier, evictions and load spread ([`metrics`]).
+//! reuse, bytes moved per tier, evictions and load spread ([`metrics`]); [`explain`]
+//! splits where the time went and pulls den's decision records for its biggest wins
+//! and losses. den's estimator replays each worker's engine plan ([`plan`]).
 //!
 //! Pure: the caller reads the trace file and passes its text in.
 //!
@@ -24,9 +26,11 @@ pub mod baselines;
 pub mod cache;
 pub mod cost;
 pub mod den;
+pub mod explain;
 mod link;
 pub mod load;
 pub mod metrics;
+pub mod plan;
 pub mod policy;
 pub mod sim;
 pub mod trace;
@@ -34,6 +38,9 @@ pub mod worker;
 
 pub use cost::CostModel;
 pub use den::{DecisionRecord, DenOptions, DenPolicy, QueueModel};
+pub use explain::{
+    Contrast, TimeSplit, best_other, contrasts, contrasts_text, time_split, time_split_text,
+};
 pub use load::WorkerLoad;
 pub use metrics::{FleetReport, PolicyReport};
 pub use policy::{FleetView, Policy, PolicyError, PolicyKind, Route, RouteRequest, parse_policies};

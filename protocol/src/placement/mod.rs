@@ -13,6 +13,7 @@
 //!           runner and download failures end it; an unrelated instance of the same
 //!           model proves nothing
 //! probe     ONE ordinary inference request once download and runner evidence agree
+//!           (`?den_instance=ID`: den's router serves it on that instance)
 //! outcome   Placed | Failed(reason) | Uncertain(reason)
 //! ```
 //!
@@ -153,7 +154,14 @@ impl ProbeResult {
         }
         match serde_json::from_str::<ChatCompletionResponse>(body) {
             Ok(response) if !response.choices.is_empty() => {
-                ProbeResult::Completed { served_by: None }
+                // den's router names the instance that served the request.
+                let served_by = response
+                    .extra
+                    .get("served_by")
+                    .and_then(serde_json::Value::as_str)
+                    .filter(|s| !s.is_empty())
+                    .map(InstanceId::from);
+                ProbeResult::Completed { served_by }
             }
             Ok(_) => ProbeResult::Error {
                 detail: "the completion has no choices".to_owned(),

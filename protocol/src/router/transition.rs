@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use super::record::Entry;
+use super::record::{Entry, skips_worker};
 use super::{
     Delivery, DeliveryKind, Index, LocalRouterEffect, Phase, Router, RouterConfig, RouterEffect,
     RouterError,
@@ -99,6 +99,8 @@ impl Router {
             current: None,
             offered: 0,
             order: Vec::new(),
+            cursor: 0,
+            excluded: Default::default(),
             delivered: 0,
             record,
         };
@@ -173,6 +175,11 @@ impl Router {
             };
             decision(out, &assignment.request, now, kind);
         } else {
+            if skips_worker(reason)
+                && let Some(worker) = e.current_worker().cloned()
+            {
+                e.exclude(worker);
+            }
             let outcome = AttemptOutcome::Declined {
                 reason,
                 worker_epoch,
@@ -286,6 +293,7 @@ impl Router {
             }));
         }
         end_attempt(index, e, now, AttemptOutcome::WorkerUnavailable, out);
+        e.exclude(worker.clone());
         if e.delivered > 0 {
             let error = RouterError::WorkerUnavailableAfterStream {
                 worker: worker.clone(),
@@ -318,6 +326,10 @@ impl Router {
             return;
         };
         end_attempt(index, e, now, AttemptOutcome::TimedOut, out);
+        // A worker that did not answer in time is not offered this request again: it is
+        // slow or unreachable, and it may still hold the timed-out attempt, so its other
+        // alternatives would only be declined `request-already-assigned`.
+        e.exclude(worker.clone());
         // Cancel first, so a late accept on the old worker is fenced there too; then
         // offer the next candidate.
         out.push(send_cancel(worker, assignment.clone()));

@@ -50,6 +50,9 @@ pub use http::{HttpIntent, Method};
 pub use instance::{Instance, InstanceCore, ShardAssignments};
 pub use model::{ModelCard, ShardFields, ShardMetadata};
 pub use runner::{RunnerPhase, RunnerStatus};
-pub use state::{CommandOutcome, CommandStatus, InstanceFailure, State, StateDialect};
+pub use state::{
+    CommandOutcome, CommandRejected, CommandStatus, InstanceFailure, InstanceInference, NodePool,
+    RunnerPoolSummary, State, StateDialect,
+};
 pub use task::{Task, TaskStatus};
 pub use topology::{Edge, Topology};

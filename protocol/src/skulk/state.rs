@@ -82,6 +82,13 @@ pub struct State {
     /// den addition: the status of commands (placement, deletion) by command id.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub commands: Option<BTreeMap<CommandId, CommandStatus>>,
+    /// den addition: ordinary inference the management API served through each
+    /// instance's current runner (attributed by the router that routed it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inference: Option<BTreeMap<InstanceId, InstanceInference>>,
+    /// den addition: each live node's KV page pool (and its runner's, when it has one).
+    #[serde(default, alias = "node_pools", skip_serializing_if = "Option::is_none")]
+    pub node_pools: Option<BTreeMap<NodeId, NodePool>>,
     /// Top-level keys den does not know, kept verbatim.
     #[serde(flatten)]
     pub extra: BTreeMap<String, Value>,
@@ -157,12 +164,84 @@ pub struct CommandRejected {
     pub extra: BTreeMap<String, Value>,
 }
 
+/// den addition: inference served through one instance's current runner. Counts reset
+/// when the instance gets another runner.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceInference {
+    /// Ordinary requests that completed on the instance's runner.
+    #[serde(default)]
+    pub completed: u64,
+    /// Requests that failed there (worker failures, not client cancellations).
+    #[serde(default)]
+    pub failed: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner_id: Option<RunnerId>,
+    /// The server's timestamp of the latest completion, as written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_completed_at: Option<String>,
+    #[serde(flatten)]
+    pub extra: BTreeMap<String, Value>,
+}
+
+/// den addition: a node's KV page pool. Every page is free, reserved or resident;
+/// evictable and durable count resident pages.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodePool {
+    #[serde(default)]
+    pub page_size: u32,
+    #[serde(default)]
+    pub page_bytes: u64,
+    #[serde(default)]
+    pub total_pages: u32,
+    #[serde(default)]
+    pub free_pages: u32,
+    #[serde(default)]
+    pub reserved_pages: u32,
+    #[serde(default)]
+    pub resident_pages: u32,
+    #[serde(default)]
+    pub evictable_pages: u32,
+    #[serde(default)]
+    pub durable_pages: u32,
+    /// What a runner's page pool may take on this node.
+    #[serde(default)]
+    pub kv_budget_bytes: u64,
+    /// The page pool of the node's runner, sized from its card and the budget.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner: Option<RunnerPoolSummary>,
+    #[serde(flatten)]
+    pub extra: BTreeMap<String, Value>,
+}
+
+/// den addition: one runner's memory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunnerPoolSummary {
+    pub runner_id: RunnerId,
+    #[serde(default)]
+    pub weights_bytes: u64,
+    #[serde(default)]
+    pub pages: u32,
+    #[serde(default)]
+    pub page_bytes: u64,
+    #[serde(default)]
+    pub context_tokens: u64,
+    #[serde(flatten)]
+    pub extra: BTreeMap<String, Value>,
+}
+
 /// Which fields of the newer dialect a `/state` body carried.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct StateDialect {
     pub instance_failures: bool,
     pub node_resources: bool,
     pub commands: bool,
+    /// den's `inference` map.
+    pub inference: bool,
+    /// den's `nodePools` map.
+    pub node_pools: bool,
     /// At least one download record carried an `attemptId`.
     pub attempt_ids: bool,
     /// At least one card carried a `registryCardId`.
@@ -177,6 +256,8 @@ impl StateDialect {
         !(self.instance_failures
             || self.node_resources
             || self.commands
+            || self.inference
+            || self.node_pools
             || self.attempt_ids
             || self.registry_card_ids)
     }
@@ -196,6 +277,8 @@ impl State {
             instance_failures: self.instance_failures.is_some(),
             node_resources: self.node_resources.is_some(),
             commands: self.commands.is_some(),
+            inference: self.inference.is_some(),
+            node_pools: self.node_pools.is_some(),
             attempt_ids: records().any(|r| r.attempt_id_owned().is_some()),
             registry_card_ids: cards_in_instances
                 || records().any(|r| r.model_card().is_some_and(|c| c.registry_card_id.is_some())),

@@ -13,9 +13,9 @@ use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
 use super::{
-    Cancel, Control, Heartbeat, Hello, Offer, OfferResult, PROTOCOL_VERSION, Publish,
-    PublishedChunk, Refused, ResultMessage, ResultStatus, Retract, RouterMessage, ToRouter,
-    TokenDelta, Welcome, WireMessage, WorkerResult,
+    Cancel, Control, Heartbeat, Hello, ModelArtifact, Offer, OfferResult, PROTOCOL_VERSION,
+    PlaceRunner, Publish, PublishedChunk, Refused, RemoveRunner, ResultMessage, ResultStatus,
+    Retract, RouterMessage, ToRouter, TokenDelta, Welcome, WireMessage, WorkerResult,
 };
 use crate::candidate::{Candidate, Tier};
 use crate::ids::{AssignmentId, WorkerId};
@@ -33,9 +33,11 @@ pub enum Direction {
 impl fmt::Display for Direction {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            Direction::AtWorker => "at a worker (only offer, cancel, welcome and refused are)",
+            Direction::AtWorker => {
+                "at a worker (only offer, cancel, drain, place-runner, remove-runner, welcome and refused are)"
+            }
             Direction::AtRouter => {
-                "at the router (only hello, heartbeat, offer-result, token and result are)"
+                "at the router (only hello, heartbeat, offer-result, token, result, publish and retract are)"
             }
         })
     }
@@ -121,6 +123,46 @@ pub fn decode_for_worker(
             Ok(WorkerInbound::Control(Control::Drain {
                 draining: field(&mut obj, "draining")?,
             }))
+        }
+        "place-runner" => {
+            let to: WorkerId = field(&mut obj, "to")?;
+            if &to != me {
+                return Ok(WorkerInbound::Ignored {
+                    to,
+                    ty: "place-runner",
+                });
+            }
+            let (instance_id, runner_id) = runner_ids(&mut obj)?;
+            let artifact: ModelArtifact = field(&mut obj, "artifact")?;
+            artifact
+                .validate()
+                .map_err(|(field, detail)| invalid(&field, &detail))?;
+            let source: String = field(&mut obj, "source")?;
+            non_empty("source", source.trim())?;
+            Ok(WorkerInbound::Control(Control::PlaceRunner(Box::new(
+                PlaceRunner {
+                    instance_id,
+                    runner_id,
+                    artifact,
+                    source,
+                },
+            ))))
+        }
+        "remove-runner" => {
+            let to: WorkerId = field(&mut obj, "to")?;
+            if &to != me {
+                return Ok(WorkerInbound::Ignored {
+                    to,
+                    ty: "remove-runner",
+                });
+            }
+            let (instance_id, runner_id) = runner_ids(&mut obj)?;
+            Ok(WorkerInbound::Control(Control::RemoveRunner(
+                RemoveRunner {
+                    instance_id,
+                    runner_id,
+                },
+            )))
         }
         "welcome" => {
             version(&mut obj)?;
@@ -220,10 +262,12 @@ pub fn decode_for_router(bytes: &[u8], max_frame: usize) -> Result<ToRouter, Cod
         "retract" => Ok(ToRouter::Retract(Retract {
             chunks: field(&mut obj, "chunks")?,
         })),
-        "offer" | "cancel" | "drain" | "welcome" | "refused" => Err(CodecError::UnexpectedType {
-            ty,
-            direction: Direction::AtRouter,
-        }),
+        "offer" | "cancel" | "drain" | "place-runner" | "remove-runner" | "welcome" | "refused" => {
+            Err(CodecError::UnexpectedType {
+                ty,
+                direction: Direction::AtRouter,
+            })
+        }
         _ => Err(CodecError::UnknownType { ty: one_line(&ty) }),
     }
 }
@@ -303,6 +347,17 @@ fn validate_candidate(c: &Candidate) -> Result<(), CodecError> {
         return Err(invalid("candidate.page_size", "must be > 0"));
     }
     Ok(())
+}
+
+/// `instance_id` and `runner_id` of a management frame, both non-empty.
+fn runner_ids(
+    obj: &mut Map<String, Value>,
+) -> Result<(crate::skulk::InstanceId, crate::skulk::RunnerId), CodecError> {
+    let instance: crate::skulk::InstanceId = field(obj, "instance_id")?;
+    non_empty("instance_id", instance.as_str())?;
+    let runner: crate::skulk::RunnerId = field(obj, "runner_id")?;
+    non_empty("runner_id", runner.as_str())?;
+    Ok((instance, runner))
 }
 
 fn version(obj: &mut Map<String, Value>) -> Result<(), CodecError> {

@@ -15,6 +15,8 @@
 //! | `publish` | worker → router | chunks made durable (after their storage receipts) |
 //! | `retract` | worker → router | replicas a tier no longer holds (evicted, corrupt) |
 //! | `drain` | router → worker | `to`, draining on/off (operator command) |
+//! | `place-runner` | router → worker | `to`, instance, runner, artifact, source ([`manage`]) |
+//! | `remove-runner` | router → worker | `to`, instance, runner ([`manage`]) |
 //!
 //! **Handshake.** A worker opens the WebSocket with the cluster's shared token in the
 //! upgrade request's `Authorization: Bearer …` header — the token never travels inside a
@@ -40,6 +42,7 @@
 //! console feed are JSON too — but those are not the control channel.
 
 mod codec;
+pub mod manage;
 
 use std::fmt;
 use std::sync::Arc;
@@ -57,6 +60,7 @@ use crate::request::{GenerationRequest, Token};
 pub use codec::{
     CodecError, Direction, WorkerInbound, decode_for_router, decode_for_worker, encode,
 };
+pub use manage::{ArtifactFile, ModelArtifact, PlaceRunner, RemoveRunner};
 
 /// The control-channel protocol version spoken by this build. Bumped on any incompatible
 /// frame change; `hello` and `welcome` carry it.
@@ -151,6 +155,20 @@ pub enum Control {
     /// Stop taking new offers (declined `draining`) and let running work finish; `false`
     /// resumes.
     Drain { draining: bool },
+    /// Place one runner of a model instance (management API).
+    PlaceRunner(Box<PlaceRunner>),
+    /// Tear one runner down (management API).
+    RemoveRunner(RemoveRunner),
+}
+
+impl Control {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Control::Drain { .. } => "drain",
+            Control::PlaceRunner(_) => "place-runner",
+            Control::RemoveRunner(_) => "remove-runner",
+        }
+    }
 }
 
 /// A control frame addressed to a worker.

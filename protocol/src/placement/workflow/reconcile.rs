@@ -214,8 +214,11 @@ impl PlacementWorkflow {
             stream: false,
             extra: BTreeMap::new(),
         };
+        // den's router serves the probe on exactly this instance (`den_instance`); other
+        // servers ignore the parameter, and `served_by` (or its absence) still decides
+        // attribution.
         let intent = match HttpIntent::chat_completions(&body) {
-            Ok(intent) => intent,
+            Ok(intent) => intent.with_query("den_instance", fence.instance_id.as_str()),
             Err(e) => {
                 return self.finish_uncertain(UncertainReason::ProbeTransport {
                     detail: e.to_string(),

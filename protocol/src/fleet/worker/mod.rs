@@ -15,6 +15,9 @@
 //!    unpinned (most recently used) and its output blocks freed.
 //!
 //! A step's duration comes from [`CostModel::step_us`]. Time is integer microseconds.
+//! What a router observes of a worker is built in `observe`.
+
+mod observe;
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
@@ -22,7 +25,6 @@ use std::collections::{BinaryHeap, HashMap, VecDeque};
 use super::cache::{BlockCache, Level};
 use super::cost::{CostModel, Micros, positions};
 use super::link::Link;
-use super::load::WorkerLoad;
 use super::trace::Workload;
 use crate::calibration::Ewma;
 
@@ -99,6 +101,8 @@ impl Shared<'_> {
 struct Step {
     end: Micros,
     duration: Micros,
+    /// What the cost model says this step takes (µs, before rounding up to 1).
+    modelled: f64,
     chunks: Vec<(u32, u32)>,
     decoding: u32,
     prefill_tokens: u32,
@@ -127,6 +131,9 @@ pub(crate) struct Worker {
     pub busy_us: u64,
     prefill_ms_per_token: Ewma,
     prefill_calibration: Ewma,
+    /// Measured / modelled duration per engine step. The simulated steps take exactly
+    /// what the cost model says, so this stays 1 here; a real worker measures it.
+    step_calibration: Ewma,
     decode_step_ms: Ewma,
     output_tokens: Ewma,
     seed_prefill_ms_per_token: f64,
@@ -165,82 +172,11 @@ impl Worker {
             busy_us: 0,
             prefill_ms_per_token: Ewma::default(),
             prefill_calibration: Ewma::default(),
+            step_calibration: Ewma::default(),
             output_tokens: Ewma::new(0.05),
             decode_step_ms: Ewma::default(),
             seed_prefill_ms_per_token: seed_prefill,
             seed_decode_step_ms: seed_decode,
-        }
-    }
-
-    /// The router's view of this worker at `now`.
-    pub fn load(&self, now: Micros, sh: &Shared) -> WorkerLoad {
-        let capacity = self.cache.gpu_capacity();
-        let used = self.cache.gpu_len() + self.private_blocks;
-        let mut pending_model_ms = 0.0;
-        for &r in self.waiting.iter().chain(&self.prefilling) {
-            let (Some(st), Some(req)) = (
-                sh.reqs.get(r as usize),
-                sh.workload.requests.get(r as usize),
-            ) else {
-                continue;
-            };
-            pending_model_ms += sh.cost.solo_prefill_ms(st.prefilled, req.input_tokens);
-        }
-        let calibration = self.prefill_calibration.or(1.0);
-        let decode_ms = self.decode_step_ms.or(self.seed_decode_step_ms);
-        let mean_output = self.output_tokens.or(256.0);
-        let mut waiting_blocks = 0;
-        for &r in &self.waiting {
-            if let Some(st) = sh.reqs.get(r as usize) {
-                waiting_blocks += st.total_blocks.saturating_sub(st.gpu_hits);
-            }
-        }
-        let mut releases = Vec::with_capacity(self.prefilling.len() + self.decoding.len());
-        for &r in &self.prefilling {
-            let (Some(st), Some(req)) = (
-                sh.reqs.get(r as usize),
-                sh.workload.requests.get(r as usize),
-            ) else {
-                continue;
-            };
-            let prefill = calibration * sh.cost.solo_prefill_ms(st.prefilled, req.input_tokens);
-            releases.push((prefill + mean_output * decode_ms, st.total_blocks));
-        }
-        for Reverse((last, r)) in &self.decoding {
-            let (Some(st), Some(req)) = (
-                sh.reqs.get(*r as usize),
-                sh.workload.requests.get(*r as usize),
-            ) else {
-                continue;
-            };
-            // Tokens generated so far (the worker knows this; it does not know the end).
-            let first = (last + 1).saturating_sub(req.output_tokens as u64);
-            let generated = self.steps.saturating_sub(first) as f64 + 1.0;
-            let left = (mean_output - generated).max(1.0);
-            releases.push((left * decode_ms, st.total_blocks));
-        }
-        releases.sort_by(|a, b| a.0.total_cmp(&b.0));
-        WorkerLoad {
-            waiting: self.waiting.len() as u32,
-            running: self.prefilling.len() as u32 + self.decoding.len() as u32,
-            pending_prefill_tokens: self.pending_prefill_tokens,
-            pending_prefill_model_ms: pending_model_ms,
-            prefill_calibration: calibration,
-            nvme_backlog_ms: self.nvme.backlog_ms(now),
-            object_backlog_ms: self.nic_down.backlog_ms(now),
-            pcie_backlog_ms: self.pcie.backlog_ms(now),
-            active_blocks: self.active_blocks,
-            capacity_blocks: capacity,
-            free_blocks: capacity.saturating_sub(used),
-            evictable_blocks: self.cache.gpu_evictable(),
-            prefill_ms_per_token: self.prefill_ms_per_token.or(self.seed_prefill_ms_per_token),
-            decode_step_ms: decode_ms,
-            step_remaining_ms: self
-                .step
-                .as_ref()
-                .map_or(0.0, |s| s.end.saturating_sub(now) as f64 / 1e3),
-            waiting_blocks,
-            releases,
         }
     }
 
@@ -393,12 +329,14 @@ impl Worker {
             decoding as u64,
             self.decode_context,
         );
+        let modelled = duration as f64;
         let duration = duration.max(1);
         self.busy_us += duration;
         let end = now + duration;
         self.step = Some(Step {
             end,
             duration,
+            modelled,
             chunks,
             decoding,
             prefill_tokens,
@@ -477,6 +415,10 @@ impl Worker {
         self.steps += 1;
         if step.prefill_tokens == 0 {
             self.decode_step_ms.observe(step.duration as f64 / 1000.0);
+        }
+        if step.modelled > 0.0 {
+            self.step_calibration
+                .observe(step.duration as f64 / step.modelled);
         }
         // Decode: every decoding sequence produced a token; some are done.
         self.decode_context += step.decoding as u64;

@@ -1,0 +1,285 @@
+//! Router and worker runtime benchmarks on loopback (real WebSockets, real actors, the
+//! synthetic engine at zero declared cost so only den's own overhead is measured):
+//!
+//! 1. **latency**: one request at a time through a router and one worker: submission →
+//!    offer → accept → restore/prefill/decode → result → completed delivery; median, p99.
+//! 2. **heartbeats**: heartbeats accepted per second by a router whose whole runtime
+//!    (WebSocket reads, frame decoding, the actor) runs on **one** thread, fed by 8
+//!    connections that send heartbeats as fast as the router takes them.
+//! 3. **throughput**: requests per second through a router and 3 workers with 64 requests
+//!    in flight.
+//!
+//! Usage: `cargo run --release -p den-agent --bin den-agent-bench [-- --quick]`.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use futures_util::{SinkExt, StreamExt};
+use serde_json::json;
+use tokio_tungstenite::tungstenite::Message;
+
+use den_agent::engine::EngineCosts;
+use den_agent::router::{RouterHandle, RouterOptions, RouterServer};
+use den_agent::serving::Submitter;
+use den_agent::worker::{self, RunningWorker, WorkerOptions};
+use den_protocol::observation::Observation;
+use den_protocol::request::GenerationRequest;
+use den_protocol::router::DeliveryKind;
+use den_protocol::wire::PROTOCOL_VERSION;
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("den-agent-bench: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn run() -> Result<(), String> {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let n_latency = if quick { 300 } else { 3000 };
+    let n_throughput = if quick { 2000 } else { 20000 };
+    let hb_secs = if quick { 1.0 } else { 3.0 };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("runtime: {e}"))?;
+    println!(
+        "den-agent-bench ({} build)",
+        if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        }
+    );
+    rt.block_on(latency(n_latency))?;
+    heartbeats(hb_secs)?;
+    rt.block_on(throughput(n_throughput))
+}
+
+/// A router on 127.0.0.1:0 in the current runtime.
+async fn router() -> Result<(RouterHandle, SocketAddr), String> {
+    let opts = RouterOptions {
+        chunk_size: 16,
+        offer_timeout: Duration::from_secs(5),
+        retention: Duration::from_secs(5),
+        ..RouterOptions::default()
+    };
+    let listener = RouterServer::bind(([127, 0, 0, 1], 0).into())
+        .await
+        .map_err(|e| format!("bind: {e}"))?;
+    let addr = listener.local_addr().map_err(|e| format!("bind: {e}"))?;
+    let server = RouterServer::start(opts);
+    let handle = server.handle();
+    tokio::spawn(server.serve(listener, std::future::pending()));
+    Ok((handle, addr))
+}
+
+async fn workers(addr: SocketAddr, n: usize) -> Result<Vec<RunningWorker>, String> {
+    let mut out = Vec::new();
+    for i in 0..n {
+        let dir = std::env::temp_dir().join(format!("den-bench-{}-w{i}", std::process::id()));
+        let mut o = WorkerOptions::new(format!("ws://{addr}"), &format!("bench-{i}"), dir);
+        o.costs = EngineCosts::new(0.0, 0.0, 0.0).map_err(|e| e.to_string())?;
+        o.ram_bytes = 0;
+        o.pages = 8192;
+        o.kv_bytes_per_token = 256;
+        o.chunk_size = 16;
+        o.verify_restores = false;
+        out.push(worker::start(o).await.map_err(|e| format!("worker: {e}"))?);
+    }
+    Ok(out)
+}
+
+async fn wait_workers(h: &RouterHandle, n: usize) {
+    while h.workers().await.len() < n {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn request(i: u64, max_new: u32) -> Option<GenerationRequest> {
+    // Distinct prompts: every request is a miss (prefill + decode), no cache effects.
+    let tokens: Vec<u32> = (0..32)
+        .map(|k| 256 + ((i * 131 + k * 7) % 400) as u32)
+        .collect();
+    GenerationRequest::new(format!("b-{i}"), "den-synthetic", tokens, max_new).ok()
+}
+
+async fn run_one(h: &RouterHandle, i: u64) -> bool {
+    let Some(Ok(mut rx)) = request(i, 1).map(|r| h.submit(r)) else {
+        return false;
+    };
+    while let Some(d) = rx.recv().await {
+        match d.kind {
+            DeliveryKind::Delta { .. } => {}
+            DeliveryKind::Completed { .. } => return true,
+            _ => return false,
+        }
+    }
+    false
+}
+
+async fn latency(n: usize) -> Result<(), String> {
+    let (h, addr) = router().await?;
+    let ws = workers(addr, 1).await?;
+    wait_workers(&h, 1).await;
+    for i in 0..50 {
+        run_one(&h, 1_000_000 + i).await; // warm-up
+    }
+    let mut samples = Vec::with_capacity(n);
+    for i in 0..n as u64 {
+        let t0 = Instant::now();
+        if !run_one(&h, i).await {
+            return Err(format!("request {i} failed"));
+        }
+        samples.push(t0.elapsed().as_secs_f64() * 1e6);
+    }
+    samples.sort_by(f64::total_cmp);
+    let q = |p: f64| {
+        let rank = ((p * n as f64).ceil() as usize).clamp(1, n.max(1));
+        samples.get(rank - 1).copied().unwrap_or(f64::NAN)
+    };
+    println!(
+        "latency: submit → offer → accept → prefill+decode (1 token) → result, 1 worker, {n} sequential requests: median {:.0} µs, p99 {:.0} µs",
+        q(0.5),
+        q(0.99)
+    );
+    for w in ws {
+        w.shutdown().await;
+    }
+    Ok(())
+}
+
+fn heartbeats(secs: f64) -> Result<(), String> {
+    // The router's whole runtime on one thread.
+    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let router_thread = std::thread::spawn(move || {
+        let rt = match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(rt) => rt,
+            Err(e) => {
+                let _ = addr_tx.send(Err(format!("router runtime: {e}")));
+                return;
+            }
+        };
+        rt.block_on(async move {
+            let _ = addr_tx.send(router().await);
+            let _ = stop_rx.await;
+        });
+    });
+    let (handle, addr) = addr_rx
+        .recv()
+        .map_err(|_| "the router thread ended".to_owned())??;
+    let clients = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .map_err(|e| format!("client runtime: {e}"))?;
+    let count = |h: &RouterHandle| h.metrics().value("den_router_heartbeats_total", &[]);
+    let (elapsed, accepted) = clients.block_on(async {
+        let conns = 8;
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut tasks = Vec::new();
+        for c in 0..conns {
+            let stop = Arc::clone(&stop);
+            tasks.push(tokio::spawn(heartbeat_client(addr, c, stop)));
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await; // connect and warm up
+        let c0 = count(&handle);
+        let t0 = Instant::now();
+        tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+        let c1 = count(&handle);
+        let elapsed = t0.elapsed();
+        stop.store(true, Ordering::Relaxed);
+        for t in tasks {
+            let _ = tokio::time::timeout(Duration::from_secs(2), t).await;
+        }
+        (elapsed, c1 - c0)
+    });
+    println!(
+        "heartbeats: {:.0} accepted per second by a router on one thread (8 connections, {:.1} s)",
+        accepted / elapsed.as_secs_f64(),
+        elapsed.as_secs_f64()
+    );
+    let _ = stop_tx.send(());
+    let _ = router_thread.join();
+    Ok(())
+}
+
+/// One connection sending heartbeats with increasing sequence numbers until `stop`.
+async fn heartbeat_client(addr: SocketAddr, c: usize, stop: Arc<AtomicBool>) {
+    let url = format!("ws://{addr}/v1/agents");
+    let Ok((mut ws, _)) = tokio_tungstenite::connect_async(url).await else {
+        eprintln!("heartbeat client {c}: cannot connect");
+        return;
+    };
+    let name = format!("hb-{c}");
+    let hello = json!({"type": "hello", "protocol_version": PROTOCOL_VERSION,
+                       "worker_id": name, "node": name, "epoch": 1});
+    if ws.send(Message::text(hello.to_string())).await.is_err() {
+        return;
+    }
+    let _welcome = ws.next().await;
+    let mut obs = Observation::new(name.as_str(), name.as_str());
+    obs.epoch = den_protocol::ids::Epoch(1);
+    obs.models.insert("den-synthetic".into());
+    let (mut sink, mut stream) = ws.split();
+    // Drain whatever the router sends (nothing, normally).
+    tokio::spawn(async move { while stream.next().await.is_some() {} });
+    let mut seq = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        obs.sequence = seq;
+        seq += 1;
+        let frame = json!({"type": "heartbeat", "observation": &obs}).to_string();
+        if sink.send(Message::text(frame)).await.is_err() {
+            break;
+        }
+    }
+}
+
+async fn throughput(n: usize) -> Result<(), String> {
+    let (h, addr) = router().await?;
+    let ws = workers(addr, 3).await?;
+    wait_workers(&h, 3).await;
+    let in_flight = 64;
+    let next = Arc::new(AtomicU64::new(0));
+    let t0 = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..in_flight {
+        let h = h.clone();
+        let next = Arc::clone(&next);
+        tasks.push(tokio::spawn(async move {
+            let mut ok = 0u64;
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= n as u64 {
+                    return ok;
+                }
+                if run_one(&h, 2_000_000 + i).await {
+                    ok += 1;
+                }
+            }
+        }));
+    }
+    let mut ok = 0;
+    for t in tasks {
+        ok += t.await.unwrap_or(0);
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    println!(
+        "throughput: {:.0} requests/s through the router, 3 workers, zero engine cost, {in_flight} in flight ({ok} of {n} completed in {secs:.2} s)",
+        ok as f64 / secs
+    );
+    for w in ws {
+        w.shutdown().await;
+    }
+    Ok(())
+}

@@ -1,0 +1,251 @@
+//! One worker connection on the router side (`GET /v1/agents`, already authenticated).
+//!
+//! Handshake: the first frame must be `hello` with this build's protocol version; the
+//! answer is `welcome` (heartbeat interval and timeout) or `refused` with a reason and a
+//! one-line detail, after which the connection is closed. After the handshake every frame
+//! is decoded with the frame-size limit and handed to the actor; a malformed, oversized,
+//! wrong-version or out-of-place frame gets a `refused` frame and the connection is
+//! closed (the worker is detached like on any disconnect). Other connections are never
+//! affected.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::ws::{CloseFrame, Message, WebSocket};
+use futures_util::{SinkExt, StreamExt};
+use tokio::sync::mpsc;
+
+use den_protocol::discovery::ConnectionId;
+use den_protocol::wire::{
+    CodecError, PROTOCOL_VERSION, RefusalReason, Refused, RouterHandshake, ToRouter, Welcome,
+    decode_for_router, encode,
+};
+
+use crate::router::RouterHandle;
+use crate::router::actor::{Command, Outbound};
+
+/// Frames buffered towards one worker; a full queue is a send failure (detach).
+pub const OUTBOUND_QUEUE: usize = 4096;
+
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// WebSocket close code 1008: policy violation.
+const POLICY: u16 = 1008;
+
+/// Serve one upgraded worker socket until it ends.
+pub async fn serve(socket: WebSocket, handle: RouterHandle) {
+    let conn = ConnectionId(handle.next_connection());
+    let max_frame = handle.options().max_frame;
+    let (mut sink, mut stream) = socket.split();
+
+    // --- handshake ---------------------------------------------------------------------
+    let first = match tokio::time::timeout(HANDSHAKE_TIMEOUT, stream.next()).await {
+        Ok(Some(Ok(msg))) => msg,
+        Ok(Some(Err(e))) => {
+            tracing::debug!(conn = conn.0, "worker socket failed before hello: {e}");
+            return;
+        }
+        Ok(None) => return,
+        Err(_) => {
+            refuse(
+                &handle,
+                &mut sink,
+                RefusalReason::Malformed,
+                "no hello within 10 s".into(),
+            )
+            .await;
+            return;
+        }
+    };
+    let hello = match frame_bytes(&first).map(|b| decode_for_router(b, max_frame)) {
+        Some(Ok(ToRouter::Hello(h))) => h,
+        Some(Ok(other)) => {
+            let detail = format!("the first frame must be hello, not {}", type_of(&other));
+            refuse(&handle, &mut sink, RefusalReason::Malformed, detail).await;
+            return;
+        }
+        Some(Err(e)) => {
+            refuse(&handle, &mut sink, reason_of(&e), e.to_string()).await;
+            return;
+        }
+        None => {
+            let detail = "the first frame must be a text frame holding hello".to_owned();
+            refuse(&handle, &mut sink, RefusalReason::Malformed, detail).await;
+            return;
+        }
+    };
+    let o = handle.options();
+    let welcome = RouterHandshake::Welcome(Welcome {
+        protocol_version: PROTOCOL_VERSION,
+        heartbeat_interval_ms: o.heartbeat_interval.as_millis().max(1) as u64,
+        heartbeat_timeout_ms: o.heartbeat_timeout.as_millis().max(1) as u64,
+    });
+    if send_frame(&mut sink, &welcome).await.is_err() {
+        return;
+    }
+    let (outbound, mut rx) = mpsc::channel::<Outbound>(OUTBOUND_QUEUE);
+    handle
+        .send(Command::Connected {
+            conn,
+            worker: hello.worker_id.clone(),
+            node: hello.node.clone(),
+            outbound: outbound.clone(),
+        })
+        .await;
+
+    // --- writer --------------------------------------------------------------------------
+    let metrics = Arc::clone(handle.metrics());
+    let writer = tokio::spawn(async move {
+        while let Some(out) = rx.recv().await {
+            match out {
+                Outbound::Frame(text) => {
+                    if sink.send(Message::text(text)).await.is_err() {
+                        return;
+                    }
+                }
+                Outbound::Refuse { reason, detail } => {
+                    metrics.counter_add(
+                        "den_router_refused_total",
+                        "Worker connections refused or closed for a protocol violation, by reason.",
+                        &[("reason", reason_label(reason))],
+                        1.0,
+                    );
+                    let refused = RouterHandshake::Refused(Refused {
+                        reason,
+                        detail: detail.clone(),
+                    });
+                    let _ = send_frame(&mut sink, &refused).await;
+                    let _ = sink
+                        .send(Message::Close(Some(CloseFrame {
+                            code: POLICY,
+                            reason: close_reason(&detail).into(),
+                        })))
+                        .await;
+                    return;
+                }
+            }
+        }
+        let _ = sink.send(Message::Close(None)).await;
+    });
+
+    // --- reader --------------------------------------------------------------------------
+    loop {
+        let msg = match stream.next().await {
+            None => break,
+            Some(Err(e)) => {
+                tracing::warn!(worker = %hello.worker_id, conn = conn.0, "worker socket error: {e}");
+                break;
+            }
+            Some(Ok(m)) => m,
+        };
+        if let Message::Close(_) = msg {
+            break;
+        }
+        let Some(bytes) = frame_bytes(&msg) else {
+            continue; // ping / pong
+        };
+        match decode_for_router(bytes, max_frame) {
+            Ok(ToRouter::Hello(_)) => {
+                let _ = outbound.try_send(Outbound::Refuse {
+                    reason: RefusalReason::Malformed,
+                    detail: "hello may be sent only once per connection".into(),
+                });
+                break;
+            }
+            Ok(frame) => handle.send(Command::Frame { conn, frame }).await,
+            Err(e) => {
+                tracing::warn!(worker = %hello.worker_id, conn = conn.0, "closing the connection: {e}");
+                let _ = outbound.try_send(Outbound::Refuse {
+                    reason: reason_of(&e),
+                    detail: e.to_string(),
+                });
+                break;
+            }
+        }
+    }
+    handle.send(Command::Disconnected { conn }).await;
+    drop(outbound);
+    let _ = tokio::time::timeout(Duration::from_secs(5), writer).await;
+}
+
+/// Answer the handshake with `refused` and close.
+async fn refuse<S>(handle: &RouterHandle, sink: &mut S, reason: RefusalReason, detail: String)
+where
+    S: SinkExt<Message> + Unpin,
+{
+    tracing::warn!(?reason, "refusing a worker connection: {detail}");
+    handle.metrics().counter_add(
+        "den_router_refused_total",
+        "Worker connections refused or closed for a protocol violation, by reason.",
+        &[("reason", reason_label(reason))],
+        1.0,
+    );
+    let frame = RouterHandshake::Refused(Refused {
+        reason,
+        detail: detail.clone(),
+    });
+    let _ = send_frame(sink, &frame).await;
+    let _ = sink
+        .send(Message::Close(Some(CloseFrame {
+            code: POLICY,
+            reason: close_reason(&detail).into(),
+        })))
+        .await;
+}
+
+async fn send_frame<S>(sink: &mut S, frame: &RouterHandshake) -> Result<(), ()>
+where
+    S: SinkExt<Message> + Unpin,
+{
+    let bytes = encode(frame).map_err(|_| ())?;
+    sink.send(Message::text(String::from_utf8_lossy(&bytes).into_owned()))
+        .await
+        .map_err(|_| ())
+}
+
+fn frame_bytes(msg: &Message) -> Option<&[u8]> {
+    match msg {
+        Message::Text(t) => Some(t.as_str().as_bytes()),
+        Message::Binary(b) => Some(b),
+        _ => None,
+    }
+}
+
+fn reason_label(reason: RefusalReason) -> &'static str {
+    match reason {
+        RefusalReason::UnsupportedVersion => "unsupported-version",
+        RefusalReason::Unauthorized => "unauthorized",
+        RefusalReason::Malformed => "malformed",
+        RefusalReason::Shutdown => "shutdown",
+    }
+}
+
+fn reason_of(e: &CodecError) -> RefusalReason {
+    match e {
+        CodecError::UnsupportedVersion { .. } => RefusalReason::UnsupportedVersion,
+        _ => RefusalReason::Malformed,
+    }
+}
+
+fn type_of(frame: &ToRouter) -> &'static str {
+    match frame {
+        ToRouter::Hello(_) => "hello",
+        ToRouter::Heartbeat(_) => "heartbeat",
+        ToRouter::OfferResult(_) => "offer-result",
+        ToRouter::Token(_) => "token",
+        ToRouter::Result(_) => "result",
+        ToRouter::Publish(_) => "publish",
+        ToRouter::Retract(_) => "retract",
+    }
+}
+
+/// A close frame's reason is limited to 123 bytes.
+fn close_reason(detail: &str) -> String {
+    let mut out = String::new();
+    for c in detail.chars() {
+        if out.len() + c.len_utf8() > 120 {
+            break;
+        }
+        out.push(c);
+    }
+    out
+}

@@ -1,0 +1,173 @@
+//! The router's built-in HTTP endpoints (see the module map in `router`).
+//!
+//! The shared token (`Authorization: Bearer …`) is checked **before** a WebSocket upgrade
+//! and on every management call; `/metrics` and `/healthz` are open, like most
+//! Prometheus targets. Errors are JSON `{"error": "…"}` with one line saying what to do.
+
+use axum::Router;
+use axum::extract::ws::WebSocketUpgrade;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Json, Response};
+use axum::routing::{get, post};
+
+use den_protocol::ids::{RequestId, WorkerId};
+
+use crate::auth;
+use crate::router::{RouterHandle, conn, feed, generate};
+use crate::serving::Submitter;
+
+/// The built-in routes, with the handle as state.
+pub fn routes(handle: RouterHandle) -> Router {
+    Router::new()
+        .route("/v1/agents", get(agents))
+        .route("/v1/console", get(console))
+        .route("/v1/generate", post(generate::generate))
+        .route("/v1/requests/{id}", get(record))
+        .route("/v1/requests/{id}/cancel", post(cancel))
+        .route("/v1/workers", get(workers))
+        .route("/v1/workers/{id}/drain", post(drain))
+        .route("/v1/workers/{id}/undrain", post(undrain))
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .with_state(handle)
+}
+
+/// The 401 response when the request does not carry the shared token, else `None`.
+pub fn unauthorized(handle: &RouterHandle, headers: &HeaderMap) -> Option<Response> {
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    auth::check(handle.options().token.as_ref(), presented)
+        .err()
+        .map(|e| {
+            handle.metrics().counter_add(
+                "den_router_unauthorized_total",
+                "Requests refused for a missing or wrong token.",
+                &[],
+                1.0,
+            );
+            error(StatusCode::UNAUTHORIZED, &e.to_string())
+        })
+}
+
+/// A JSON error body.
+pub fn error(status: StatusCode, message: &str) -> Response {
+    (status, Json(serde_json::json!({ "error": message }))).into_response()
+}
+
+async fn agents(
+    State(handle): State<RouterHandle>,
+    headers: HeaderMap,
+    ws: WebSocketUpgrade,
+) -> Response {
+    if let Some(r) = unauthorized(&handle, &headers) {
+        return r;
+    }
+    let max = handle.options().max_frame;
+    // Frames up to twice the limit still reach the codec, which refuses them with a
+    // clear `refused` frame; beyond that the socket layer drops the connection.
+    let socket_max = max.saturating_mul(2).max(64 * 1024);
+    ws.max_message_size(socket_max)
+        .max_frame_size(socket_max)
+        .on_upgrade(move |socket| conn::serve(socket, handle))
+}
+
+async fn console(
+    State(handle): State<RouterHandle>,
+    headers: HeaderMap,
+    ws: WebSocketUpgrade,
+) -> Response {
+    if let Some(r) = unauthorized(&handle, &headers) {
+        return r;
+    }
+    ws.on_upgrade(move |socket| feed::serve(socket, handle))
+}
+
+async fn record(
+    State(handle): State<RouterHandle>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    if let Some(r) = unauthorized(&handle, &headers) {
+        return r;
+    }
+    match handle.record(&RequestId::new(id.clone())).await {
+        Some(r) => Json(r).into_response(),
+        None => error(
+            StatusCode::NOT_FOUND,
+            &format!("no request {id:?}: it never existed or its record was collected"),
+        ),
+    }
+}
+
+async fn cancel(
+    State(handle): State<RouterHandle>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    if let Some(r) = unauthorized(&handle, &headers) {
+        return r;
+    }
+    let id = RequestId::new(id);
+    if handle.record(&id).await.is_none() {
+        return error(StatusCode::NOT_FOUND, &format!("no request {id}"));
+    }
+    handle.cancel(&id);
+    (
+        StatusCode::ACCEPTED,
+        Json(serde_json::json!({ "request": id, "cancel": "sent" })),
+    )
+        .into_response()
+}
+
+async fn workers(State(handle): State<RouterHandle>, headers: HeaderMap) -> Response {
+    if let Some(r) = unauthorized(&handle, &headers) {
+        return r;
+    }
+    Json(handle.workers().await).into_response()
+}
+
+async fn drain(
+    State(handle): State<RouterHandle>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    set_drain(handle, headers, id, true).await
+}
+
+async fn undrain(
+    State(handle): State<RouterHandle>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    set_drain(handle, headers, id, false).await
+}
+
+async fn set_drain(
+    handle: RouterHandle,
+    headers: HeaderMap,
+    id: String,
+    draining: bool,
+) -> Response {
+    if let Some(r) = unauthorized(&handle, &headers) {
+        return r;
+    }
+    let worker = WorkerId::new(id);
+    if handle.drain(&worker, draining).await {
+        Json(serde_json::json!({ "worker": worker, "draining": draining })).into_response()
+    } else {
+        error(
+            StatusCode::NOT_FOUND,
+            &format!("worker {worker} is not connected: check GET /v1/workers"),
+        )
+    }
+}
+
+async fn metrics(State(handle): State<RouterHandle>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        handle.metrics().render(),
+    )
+        .into_response()
+}

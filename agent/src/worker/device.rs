@@ -1,0 +1,724 @@
+//! The execution queue of one device: one OS thread that owns the page memory and runs
+//! restore, prefill, decode and checkpoint captures one at a time, in the order they
+//! were queued (spec §3.7, §3.10 single-lane runtime).
+//!
+//! The engine is the synthetic one (model-free, see `crate::engine`): prefill and decode
+//! really spend their declared costs on this thread, rows written into pages are the
+//! deterministic synthetic KV of (model, position, token), and output tokens are the
+//! engine's deterministic stream. Restores fetch the exact chunk chain tier by tier (ram,
+//! then ssd, then object), scatter each chunk into pages claimed from the assignment's
+//! reservation and, with `verify`, read the rows back and compare them byte-exact with
+//! recomputation. A missing, corrupt or mismatching chunk ends the restore there: the
+//! rest is recomputed by prefill or decode (which repair a short prefix idempotently).
+//!
+//! Cancellation is cooperative: a cancelled job that has not started is skipped, and a
+//! running one stops at the next chunk or token boundary after finishing the copy in
+//! hand, leaving no pending append behind. Either way its result is reported (as a
+//! failure of the same operation kind), because the worker machine releases the
+//! assignment's pages only when that result arrives.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, mpsc as std_mpsc};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, oneshot};
+
+use den_protocol::candidate::Tier;
+use den_protocol::chunk::{ChunkDescriptor, plan_chunks};
+use den_protocol::ids::{AssignmentId, ModelFingerprint, RouteId};
+use den_protocol::pool::{Page, PoolError, TokenSlot, TransferTicket};
+use den_protocol::request::Token;
+use den_protocol::wire::StopReason;
+use den_protocol::worker::{Operation, OperationKind, OperationOutcome, Work};
+
+use crate::engine::{EngineCosts, SyntheticKv, context_hash, output_token};
+use crate::memory::{MemoryError, PageMemory, RowRun, TransferTotals};
+use crate::metrics::Metrics;
+use crate::tiers::{Chunk, ChunkKey, ChunkMeta};
+use crate::worker::faults::Faults;
+use crate::worker::meters::{Calibration, QueueMeter};
+use crate::worker::pool::SharedPool;
+use crate::worker::store::{BadReplica, Tiers};
+
+/// What the device thread does with the work it is given.
+#[derive(Debug, Clone, Copy)]
+pub struct DeviceConfig {
+    pub costs: EngineCosts,
+    pub chunk_size: u32,
+    pub row_bytes: u64,
+    /// Read every restored chunk back and compare it with recomputation.
+    pub verify_restores: bool,
+}
+
+/// A unit of work for the device thread.
+pub enum Job {
+    /// A restore, prefill or decode of an assignment.
+    Op {
+        job: u64,
+        op: Operation,
+        cancel: Arc<AtomicBool>,
+    },
+    /// Copy rows of leased pages out for a checkpoint.
+    Capture {
+        job: u64,
+        pages: Vec<Page>,
+        chunks: Vec<ChunkMeta>,
+        reply: oneshot::Sender<Result<Vec<(ChunkMeta, Bytes)>, String>>,
+    },
+}
+
+/// What the device thread reports to the worker actor.
+#[derive(Debug)]
+pub enum DeviceEvent {
+    Token {
+        assignment: AssignmentId,
+        token: Token,
+        index: u32,
+    },
+    Done {
+        assignment: AssignmentId,
+        outcome: OperationOutcome,
+    },
+    BadReplica(BadReplica),
+}
+
+/// Everything the device thread shares with the rest of the worker.
+pub struct DeviceContext {
+    pub pool: SharedPool,
+    pub tiers: Tiers,
+    pub runtime: tokio::runtime::Handle,
+    pub events: mpsc::UnboundedSender<DeviceEvent>,
+    pub config: DeviceConfig,
+    pub metrics: Arc<Metrics>,
+    pub calibration: Arc<Calibration>,
+    pub queue: Arc<QueueMeter>,
+    pub faults: Arc<Faults>,
+    /// The memory's transfer totals, copied out after every job (calibration input).
+    pub totals: Arc<Mutex<TransferTotals>>,
+}
+
+/// The handle the actor keeps: a queue into the thread.
+pub struct DeviceHandle {
+    tx: Option<std_mpsc::Sender<Job>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl DeviceHandle {
+    /// Queue a job; false when the thread is gone.
+    pub fn submit(&self, job: Job) -> bool {
+        self.tx.as_ref().is_some_and(|tx| tx.send(job).is_ok())
+    }
+
+    /// Close the queue, let the thread finish what it has and wait for it; the memory
+    /// (device arena, pinned buffers) is released when the thread returns.
+    pub fn shutdown(&mut self) {
+        self.tx = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for DeviceHandle {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// Start the device thread.
+pub fn spawn(
+    memory: Box<dyn PageMemory>,
+    ctx: DeviceContext,
+) -> Result<DeviceHandle, std::io::Error> {
+    let (tx, rx) = std_mpsc::channel();
+    let thread = std::thread::Builder::new()
+        .name("den-device".into())
+        .spawn(move || {
+            let mut device = Device {
+                memory,
+                ctx,
+                kv: BTreeMap::new(),
+            };
+            while let Ok(job) = rx.recv() {
+                device.run(job);
+            }
+        })?;
+    Ok(DeviceHandle {
+        tx: Some(tx),
+        thread: Some(thread),
+    })
+}
+
+struct Device {
+    memory: Box<dyn PageMemory>,
+    ctx: DeviceContext,
+    kv: BTreeMap<ModelFingerprint, SyntheticKv>,
+}
+
+/// Why an operation stopped early.
+enum Stop {
+    Cancelled,
+    Failed(String),
+}
+
+impl From<PoolError> for Stop {
+    fn from(e: PoolError) -> Self {
+        Stop::Failed(format!("page pool: {e}"))
+    }
+}
+
+impl From<MemoryError> for Stop {
+    fn from(e: MemoryError) -> Self {
+        Stop::Failed(e.to_string())
+    }
+}
+
+/// A restored chunk whose rows differ from recomputation.
+struct Mismatch(String);
+
+impl Device {
+    fn run(&mut self, job: Job) {
+        match job {
+            Job::Op { job, op, cancel } => {
+                self.ctx.queue.start(job);
+                let assignment = op.assignment().clone();
+                let outcome = if cancel.load(Ordering::Relaxed) {
+                    failed(op.kind, "cancelled before it started")
+                } else {
+                    let result = match op.kind {
+                        OperationKind::Restore => self.restore(&op.work, &cancel),
+                        OperationKind::Prefill => self
+                            .fill(&op.work, &cancel)
+                            .map(|_| OperationOutcome::Prefilled),
+                        OperationKind::Decode => self.decode(&op.work, &cancel),
+                    };
+                    match result {
+                        Ok(outcome) => outcome,
+                        Err(Stop::Cancelled) => failed(op.kind, "cancelled"),
+                        Err(Stop::Failed(detail)) => failed(op.kind, &detail),
+                    }
+                };
+                self.publish_totals();
+                self.ctx.queue.finish(job);
+                let _ = self.ctx.events.send(DeviceEvent::Done {
+                    assignment,
+                    outcome,
+                });
+            }
+            Job::Capture {
+                job,
+                pages,
+                chunks,
+                reply,
+            } => {
+                self.ctx.queue.start(job);
+                let result = self.capture(&pages, chunks);
+                self.publish_totals();
+                self.ctx.queue.finish(job);
+                let _ = reply.send(result);
+            }
+        }
+    }
+
+    // ---------------------------------------------------------------------------------
+    // Operations
+    // ---------------------------------------------------------------------------------
+
+    /// Restore the candidate's exact chunk chain (spec §3.9, §4.7).
+    fn restore(&mut self, work: &Work, cancel: &AtomicBool) -> Result<OperationOutcome, Stop> {
+        let request = &work.request;
+        let route = &work.route;
+        let cap = work.candidate.cached_token_count;
+        self.ensure_route(route)?;
+        let mut restored = self.route_len(route);
+        let plan = plan_chunks(request.processed_tokens(), self.ctx.config.chunk_size);
+        for d in plan.iter().filter(|d| d.end() <= cap) {
+            if d.end() <= restored {
+                continue;
+            }
+            if d.start != restored {
+                break;
+            }
+            if cancel.load(Ordering::Relaxed) {
+                return Err(Stop::Cancelled);
+            }
+            let Some((tier, chunk)) = self.fetch(&request.model, d) else {
+                break;
+            };
+            let delay = self.ctx.faults.restore_delay_ms();
+            if delay > 0 && !spend(Duration::from_millis(delay), cancel) {
+                return Err(Stop::Cancelled);
+            }
+            let tokens = token_range(&request.tokens, d.start, d.end())?;
+            match self.scatter(route, &request.model, d, tokens, &chunk.payload)? {
+                Ok(()) => {
+                    restored = d.end();
+                    let t = tier.as_str();
+                    self.ctx.metrics.counter_add(
+                        "den_restored_tokens_total",
+                        "Prefix tokens restored from a storage tier into pages.",
+                        &[("tier", t)],
+                        d.token_count as f64,
+                    );
+                    self.ctx.metrics.counter_add(
+                        "den_restored_chunks_total",
+                        "Chunks restored from a storage tier into pages.",
+                        &[("tier", t)],
+                        1.0,
+                    );
+                }
+                Err(Mismatch(detail)) => {
+                    tracing::error!(chunk = %d.hash, tier = tier.as_str(), "{detail}");
+                    let _ = self.ctx.events.send(DeviceEvent::BadReplica(BadReplica {
+                        key: ChunkKey::of(&request.model, d.hash),
+                        model: request.model.clone(),
+                        hash: d.hash,
+                        tier,
+                        corrupt: true,
+                    }));
+                    break;
+                }
+            }
+        }
+        Ok(OperationOutcome::Restored {
+            cached_token_count: Some(restored),
+        })
+    }
+
+    /// Compute the rows of the processed prompt the route does not hold yet, spending
+    /// the declared prefill cost (prefill, and the repair step of decode).
+    fn fill(&mut self, work: &Work, cancel: &AtomicBool) -> Result<u32, Stop> {
+        let request = &work.request;
+        let route = &work.route;
+        let upto = request.processed();
+        self.ensure_route(route)?;
+        let piece = self.ctx.config.chunk_size.max(1);
+        let mut computed = 0;
+        loop {
+            let have = self.route_len(route);
+            if have >= upto {
+                break;
+            }
+            let n = (upto - have).min(piece);
+            let t0 = Instant::now();
+            if !spend(self.ctx.config.costs.prefill(n as u64), cancel) {
+                return Err(Stop::Cancelled);
+            }
+            let tokens = token_range(&request.tokens, have, have + n)?;
+            self.append_rows(route, &request.model, have, tokens)?;
+            self.ctx
+                .calibration
+                .prefill(t0.elapsed().as_secs_f64() * 1e3, n);
+            self.ctx.metrics.counter_add(
+                "den_recomputed_tokens_total",
+                "Prompt tokens whose KV was computed (not reused from a cache).",
+                &[],
+                n as f64,
+            );
+            computed += n;
+        }
+        Ok(computed)
+    }
+
+    /// Repair the prefix if a restore fell short, then produce `max_new_tokens` tokens:
+    /// the first after `first_token_ms`, every further one after `decode_ms_per_token`.
+    /// Each step appends the row of the token it consumed (the pending prompt token, then
+    /// each generated token but the last), so the route ends at `processed + max_new`.
+    fn decode(&mut self, work: &Work, cancel: &AtomicBool) -> Result<OperationOutcome, Stop> {
+        self.fill(work, cancel)?;
+        let request = &work.request;
+        let route = &work.route;
+        let processed = request.processed();
+        let context = context_hash(&request.tokens);
+        let costs = self.ctx.config.costs;
+        let mut out: Vec<Token> = Vec::with_capacity(request.max_new_tokens as usize);
+        for i in 0..request.max_new_tokens {
+            let t0 = Instant::now();
+            let cost = if i == 0 {
+                costs.first_token()
+            } else {
+                costs.decode_step()
+            };
+            if !spend(cost, cancel) {
+                return Err(Stop::Cancelled);
+            }
+            let consumed = match i {
+                0 => request.tokens.last().copied(),
+                _ => out.last().copied(),
+            }
+            .ok_or_else(|| Stop::Failed("a request has at least one token".into()))?;
+            let position = processed + i;
+            self.append_rows(route, &request.model, position, &[consumed])?;
+            let token = output_token(&request.model, context, i);
+            out.push(token);
+            let ms = t0.elapsed().as_secs_f64() * 1e3;
+            if i == 0 {
+                self.ctx.calibration.first_token(ms);
+            } else {
+                self.ctx.calibration.decode_step(ms);
+            }
+            let _ = self.ctx.events.send(DeviceEvent::Token {
+                assignment: work.assignment.clone(),
+                token,
+                index: i,
+            });
+        }
+        Ok(OperationOutcome::Decoded {
+            tokens: out,
+            stop: StopReason::Length,
+        })
+    }
+
+    /// Copy the rows of `chunks` out of `pages` (a leased route snapshot).
+    fn capture(
+        &mut self,
+        pages: &[Page],
+        chunks: Vec<ChunkMeta>,
+    ) -> Result<Vec<(ChunkMeta, Bytes)>, String> {
+        let geometry = self.memory.geometry();
+        let pages: Vec<u32> = pages.iter().map(|p| p.0).collect();
+        let mut out = Vec::with_capacity(chunks.len());
+        for meta in chunks {
+            let runs = geometry
+                .runs_for(&pages, meta.start, meta.token_count)
+                .map_err(|e| e.to_string())?;
+            let mut buf = vec![0u8; meta.payload_bytes() as usize];
+            self.memory
+                .read_runs(&runs, &mut buf)
+                .map_err(|e| e.to_string())?;
+            out.push((meta, Bytes::from(buf)));
+        }
+        Ok(out)
+    }
+
+    // ---------------------------------------------------------------------------------
+    // Pages
+    // ---------------------------------------------------------------------------------
+
+    fn ensure_route(&mut self, route: &RouteId) -> Result<(), Stop> {
+        let mut pool = self.ctx.pool.lock();
+        if pool.route(route).is_none() {
+            pool.allocate(route, 0)?;
+        }
+        Ok(())
+    }
+
+    fn route_len(&self, route: &RouteId) -> u32 {
+        self.ctx
+            .pool
+            .lock()
+            .route(route)
+            .map_or(0, |r| r.token_count())
+    }
+
+    /// Append the synthetic rows of `tokens` at `start` to `route`: reserve the slots
+    /// (copy-on-write of a shared tail included), write, commit.
+    fn append_rows(
+        &mut self,
+        route: &RouteId,
+        model: &ModelFingerprint,
+        start: u32,
+        tokens: &[Token],
+    ) -> Result<(), Stop> {
+        let row_bytes = self.ctx.config.row_bytes as usize;
+        let rows = self.kv(model).rows(start, tokens, row_bytes);
+        let appended =
+            self.write_append(route, start, tokens.len() as u32, &rows, |_, _| Ok(()))?;
+        appended.map_err(|Mismatch(d)| Stop::Failed(d))
+    }
+
+    /// Scatter a restored chunk into `route`, verifying it against recomputation when
+    /// configured. `Ok(Err(_))` is a mismatch: nothing was committed.
+    fn scatter(
+        &mut self,
+        route: &RouteId,
+        model: &ModelFingerprint,
+        d: &ChunkDescriptor,
+        tokens: &[Token],
+        payload: &[u8],
+    ) -> Result<Result<(), Mismatch>, Stop> {
+        let verify = self.ctx.config.verify_restores;
+        let kv = self.kv(model);
+        let metrics = Arc::clone(&self.ctx.metrics);
+        self.write_append(route, d.start, d.token_count, payload, |memory, runs| {
+            if !verify {
+                return Ok(());
+            }
+            let mut back = vec![0u8; payload.len()];
+            memory
+                .read_runs(runs, &mut back)
+                .map_err(|e| Mismatch(format!("reading restored rows back failed: {e}")))?;
+            match kv.verify_rows(d.start, tokens, &back) {
+                Ok(()) => {
+                    metrics.counter_add(
+                        "den_restore_verified_total",
+                        "Restored chunks read back from pages and found byte-exact.",
+                        &[],
+                        1.0,
+                    );
+                    Ok(())
+                }
+                Err(e) => {
+                    metrics.counter_add(
+                        "den_restore_mismatch_total",
+                        "Restored chunks whose rows differed from recomputation (recomputed instead).",
+                        &[],
+                        1.0,
+                    );
+                    Err(Mismatch(e.to_string()))
+                }
+            }
+        })
+    }
+
+    /// The two-phase append every write goes through: reserve `count` slots on `route`
+    /// (which must be exactly `start` long), copy a shared tail first, mark the pages
+    /// loading, write `rows`, run `check` on the written runs, then commit — or abort on
+    /// any failure, leaving the route as it was.
+    fn write_append(
+        &mut self,
+        route: &RouteId,
+        start: u32,
+        count: u32,
+        rows: &[u8],
+        check: impl FnOnce(&mut dyn PageMemory, &[RowRun]) -> Result<(), Mismatch>,
+    ) -> Result<Result<(), Mismatch>, Stop> {
+        let reservation = self.ctx.pool.lock().append_reserve(route, count)?;
+        let id = reservation.id;
+        if reservation.start != start {
+            let _ = self.ctx.pool.lock().abort_append(route, id);
+            return Err(Stop::Failed(format!(
+                "route {route} holds {} tokens, expected {start}",
+                reservation.start
+            )));
+        }
+        let runs = slot_runs(&reservation.slots);
+        let pages: BTreeSet<Page> = reservation.slots.iter().map(|s| s.page).collect();
+        let tickets: Result<Vec<TransferTicket>, PoolError> = {
+            let mut pool = self.ctx.pool.lock();
+            pages.iter().map(|p| pool.start_load(*p)).collect()
+        };
+        let tickets = match tickets {
+            Ok(t) => t,
+            Err(e) => {
+                self.abort(route, id, &[]);
+                return Err(e.into());
+            }
+        };
+        let written = (|| -> Result<Result<(), Mismatch>, Stop> {
+            if let Some(copy) = reservation.copy {
+                self.memory.copy_page(copy.src.0, copy.dst.0)?;
+            }
+            self.memory.write_runs(&runs, rows)?;
+            Ok(check(self.memory.as_mut(), &runs))
+        })();
+        match written {
+            Ok(Ok(())) => {
+                let mut pool = self.ctx.pool.lock();
+                for t in &tickets {
+                    pool.complete_load(*t)?;
+                }
+                pool.commit_append(route, id)?;
+                Ok(Ok(()))
+            }
+            Ok(Err(mismatch)) => {
+                self.abort(route, id, &tickets);
+                Ok(Err(mismatch))
+            }
+            Err(stop) => {
+                self.abort(route, id, &tickets);
+                Err(stop)
+            }
+        }
+    }
+
+    fn abort(
+        &mut self,
+        route: &RouteId,
+        id: den_protocol::pool::AppendId,
+        tickets: &[TransferTicket],
+    ) {
+        let mut pool = self.ctx.pool.lock();
+        for t in tickets {
+            let _ = pool.fail_load(*t);
+        }
+        let _ = pool.abort_append(route, id);
+    }
+
+    // ---------------------------------------------------------------------------------
+    // Tiers
+    // ---------------------------------------------------------------------------------
+
+    /// The chunk `d` of `model` from the fastest tier that has an intact copy of exactly
+    /// that chunk; missing and corrupt replicas are reported.
+    fn fetch(&mut self, model: &ModelFingerprint, d: &ChunkDescriptor) -> Option<(Tier, Chunk)> {
+        let key = ChunkKey::of(model, d.hash);
+        for (tier, store) in self.ctx.tiers.ordered() {
+            match self.ctx.runtime.block_on(store.get(key)) {
+                Ok(chunk)
+                    if chunk.meta.matches(d)
+                        && chunk.meta.row_bytes == self.ctx.config.row_bytes =>
+                {
+                    return Some((tier, chunk));
+                }
+                Ok(chunk) => {
+                    tracing::warn!(
+                        tier = tier.as_str(),
+                        chunk = %d.hash,
+                        "stored chunk has another place in the chain or another row size ({} rows from {}, {} bytes per row); recomputing",
+                        chunk.meta.token_count,
+                        chunk.meta.start,
+                        chunk.meta.row_bytes
+                    );
+                    self.bad(key, model, d, tier, true);
+                }
+                Err(e) => {
+                    if e.means_recompute() {
+                        if let Some(bad) = BadReplica::from_error(&e, key, model, d.hash, tier) {
+                            if bad.corrupt {
+                                tracing::warn!(tier = tier.as_str(), "{e}");
+                            }
+                            let _ = self.ctx.events.send(DeviceEvent::BadReplica(bad));
+                        }
+                    } else {
+                        tracing::warn!(tier = tier.as_str(), "restore fetch failed: {e}");
+                    }
+                    let kind = match &e {
+                        crate::tiers::TierError::Missing { .. } => "missing",
+                        crate::tiers::TierError::Corrupt { .. } => "corrupt",
+                        _ => "error",
+                    };
+                    self.ctx.metrics.counter_add(
+                        "den_restore_fetch_failures_total",
+                        "Chunk fetches during restores that found no usable copy in a tier.",
+                        &[("tier", tier.as_str()), ("kind", kind)],
+                        1.0,
+                    );
+                }
+            }
+        }
+        None
+    }
+
+    fn bad(
+        &self,
+        key: ChunkKey,
+        model: &ModelFingerprint,
+        d: &ChunkDescriptor,
+        tier: Tier,
+        corrupt: bool,
+    ) {
+        let _ = self.ctx.events.send(DeviceEvent::BadReplica(BadReplica {
+            key,
+            model: model.clone(),
+            hash: d.hash,
+            tier,
+            corrupt,
+        }));
+    }
+
+    fn kv(&mut self, model: &ModelFingerprint) -> SyntheticKv {
+        *self
+            .kv
+            .entry(model.clone())
+            .or_insert_with(|| SyntheticKv::new(model))
+    }
+
+    fn publish_totals(&self) {
+        let totals = *self.memory.totals();
+        *self.ctx.totals.lock().unwrap_or_else(|p| p.into_inner()) = totals;
+    }
+}
+
+/// Spend `d` on this thread (the declared cost of the synthetic engine), in slices so a
+/// cancellation is noticed within ~10 ms. False when cancelled.
+fn spend(d: Duration, cancel: &AtomicBool) -> bool {
+    const SLICE: Duration = Duration::from_millis(10);
+    let end = Instant::now() + d;
+    loop {
+        if cancel.load(Ordering::Relaxed) {
+            return false;
+        }
+        let now = Instant::now();
+        if now >= end {
+            return true;
+        }
+        std::thread::sleep((end - now).min(SLICE));
+    }
+}
+
+/// `tokens[start..end]`, or a failure naming the range.
+fn token_range(tokens: &[Token], start: u32, end: u32) -> Result<&[Token], Stop> {
+    tokens
+        .get(start as usize..end as usize)
+        .ok_or_else(|| Stop::Failed(format!("token range {start}..{end} is outside the request")))
+}
+
+/// Consecutive slots of one page with consecutive rows, as row runs.
+pub fn slot_runs(slots: &[TokenSlot]) -> Vec<RowRun> {
+    let mut runs: Vec<RowRun> = Vec::new();
+    for s in slots {
+        match runs.last_mut() {
+            Some(r) if r.page == s.page.0 && r.offset + r.len == s.offset => r.len += 1,
+            _ => runs.push(RowRun {
+                page: s.page.0,
+                offset: s.offset,
+                len: 1,
+            }),
+        }
+    }
+    runs
+}
+
+fn failed(kind: OperationKind, detail: &str) -> OperationOutcome {
+    OperationOutcome::Failed {
+        operation: kind,
+        detail: detail.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slot(logical: u32, page: u32, offset: u32) -> TokenSlot {
+        TokenSlot {
+            logical_page: logical,
+            page: Page(page),
+            offset,
+        }
+    }
+
+    #[test]
+    fn slots_merge_into_runs_per_page() {
+        let runs = slot_runs(&[slot(0, 7, 2), slot(0, 7, 3), slot(1, 2, 0), slot(1, 2, 1)]);
+        assert_eq!(
+            runs,
+            vec![
+                RowRun {
+                    page: 7,
+                    offset: 2,
+                    len: 2
+                },
+                RowRun {
+                    page: 2,
+                    offset: 0,
+                    len: 2
+                }
+            ]
+        );
+        assert!(slot_runs(&[]).is_empty());
+    }
+
+    #[test]
+    fn spend_stops_when_cancelled() {
+        let cancel = AtomicBool::new(true);
+        let t0 = Instant::now();
+        assert!(!spend(Duration::from_secs(5), &cancel));
+        assert!(t0.elapsed() < Duration::from_secs(1));
+        assert!(spend(Duration::ZERO, &AtomicBool::new(false)));
+    }
+}

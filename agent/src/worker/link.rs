@@ -1,0 +1,296 @@
+//! The worker's connection to the router: connect out, authenticate with the shared
+//! token in the upgrade request, say `hello`, wait for `welcome`, then relay frames both
+//! ways until the connection ends — and start over with exponential backoff (100 ms,
+//! doubling, capped at 5 s, with a little jitter so a fleet does not reconnect in step).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use tokio::sync::{mpsc, watch};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::http::HeaderValue;
+use tokio_tungstenite::tungstenite::http::header::AUTHORIZATION;
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+use tokio_tungstenite::tungstenite::{Error as WsError, Message};
+
+use den_protocol::ids::WorkerId;
+use den_protocol::wire::{Hello, ToRouter, Welcome, WorkerInbound, decode_for_worker, encode};
+
+use crate::auth::Token;
+use crate::metrics::Metrics;
+use crate::worker::faults::Faults;
+
+/// Frames buffered towards the router before the connection counts as stuck.
+pub const OUTBOUND_QUEUE: usize = 4096;
+
+const BACKOFF_START: Duration = Duration::from_millis(100);
+const BACKOFF_CAP: Duration = Duration::from_secs(5);
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Where and how to connect.
+#[derive(Debug, Clone)]
+pub struct LinkOptions {
+    /// `ws://host:port/v1/agents` (see [`agents_url`]).
+    pub url: String,
+    pub token: Option<Token>,
+    pub hello: Hello,
+    pub max_frame: usize,
+}
+
+/// What the link tells the worker actor.
+#[derive(Debug)]
+pub enum LinkEvent {
+    /// Connected and welcomed; frames for the router go into `tx`.
+    Up {
+        conn: u64,
+        tx: mpsc::Sender<String>,
+        welcome: Welcome,
+    },
+    /// A frame for this worker.
+    Inbound { conn: u64, message: WorkerInbound },
+    /// The connection ended.
+    Down { conn: u64, reason: String },
+}
+
+/// The router's worker endpoint from what an operator typed: `ws://`, `wss://`,
+/// `http://` or `https://`, with or without the `/v1/agents` path.
+pub fn agents_url(router: &str) -> Result<String, String> {
+    let r = router.trim().trim_end_matches('/');
+    let (scheme, rest) = r.split_once("://").ok_or_else(|| {
+        format!("router address {router:?} has no scheme: use e.g. ws://10.0.0.1:7070 or http://10.0.0.1:7070")
+    })?;
+    let scheme = match scheme.to_ascii_lowercase().as_str() {
+        "ws" | "http" => "ws",
+        "wss" | "https" => "wss",
+        other => {
+            return Err(format!(
+                "router address {router:?} has scheme {other:?}: use ws://, wss://, http:// or https://"
+            ));
+        }
+    };
+    if rest.is_empty() {
+        return Err(format!("router address {router:?} has no host"));
+    }
+    if rest.contains('/') {
+        Ok(format!("{scheme}://{rest}"))
+    } else {
+        Ok(format!("{scheme}://{rest}/v1/agents"))
+    }
+}
+
+/// Keep a connection to the router until `stop` turns true.
+pub async fn run(
+    opts: LinkOptions,
+    events: mpsc::Sender<LinkEvent>,
+    faults: Arc<Faults>,
+    metrics: Arc<Metrics>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut backoff = BACKOFF_START;
+    let mut conn = 0u64;
+    while !*stop.borrow() {
+        conn += 1;
+        match session(conn, &opts, &events, &faults, &metrics, &mut stop).await {
+            Ok(reason) => {
+                backoff = BACKOFF_START;
+                tracing::warn!(conn, "disconnected from the router: {reason}");
+                let _ = events.send(LinkEvent::Down { conn, reason }).await;
+            }
+            Err(e) => tracing::warn!(
+                router = %opts.url,
+                retry_in_ms = backoff.as_millis() as u64,
+                "cannot connect to the router: {e}"
+            ),
+        }
+        if *stop.borrow() {
+            break;
+        }
+        metrics.counter_add(
+            "den_worker_reconnects_total",
+            "Connection attempts to the router after the first.",
+            &[],
+            1.0,
+        );
+        let pause = backoff + jitter(backoff / 5);
+        tokio::select! {
+            _ = tokio::time::sleep(pause) => {}
+            _ = stop.changed() => {}
+        }
+        backoff = (backoff * 2).min(BACKOFF_CAP);
+    }
+}
+
+/// One connection: `Err` when it never got to `welcome`, `Ok(reason)` when an
+/// established session ended.
+async fn session(
+    conn: u64,
+    opts: &LinkOptions,
+    events: &mpsc::Sender<LinkEvent>,
+    faults: &Faults,
+    metrics: &Metrics,
+    stop: &mut watch::Receiver<bool>,
+) -> Result<String, String> {
+    let mut request = opts
+        .url
+        .as_str()
+        .into_client_request()
+        .map_err(|e| format!("invalid router URL {}: {e}", opts.url))?;
+    if let Some(t) = &opts.token {
+        let value = HeaderValue::from_str(&t.bearer())
+            .map_err(|_| "the token contains characters not allowed in a header".to_owned())?;
+        request.headers_mut().insert(AUTHORIZATION, value);
+    }
+    let config = WebSocketConfig::default()
+        .max_message_size(Some(opts.max_frame))
+        .max_frame_size(Some(opts.max_frame));
+    let connect = tokio_tungstenite::connect_async_with_config(request, Some(config), true);
+    let (ws, _) = match tokio::time::timeout(HANDSHAKE_TIMEOUT, connect).await {
+        Err(_) => return Err("timed out".into()),
+        Ok(Err(WsError::Http(response))) => {
+            let body = response
+                .body()
+                .as_ref()
+                .map(|b| String::from_utf8_lossy(b).trim().to_owned())
+                .unwrap_or_default();
+            return Err(format!(
+                "the router refused the connection ({}): {body}",
+                response.status()
+            ));
+        }
+        Ok(Err(e)) => return Err(e.to_string()),
+        Ok(Ok(ws)) => ws,
+    };
+    let (mut sink, mut stream) = ws.split();
+    let hello = encode(&ToRouter::Hello(opts.hello.clone())).map_err(|e| e.to_string())?;
+    sink.send(Message::text(String::from_utf8_lossy(&hello).into_owned()))
+        .await
+        .map_err(|e| format!("sending hello failed: {e}"))?;
+    let me = &opts.hello.worker_id;
+    let welcome = match tokio::time::timeout(HANDSHAKE_TIMEOUT, stream.next()).await {
+        Err(_) => return Err("no answer to hello".into()),
+        Ok(None) => return Err("the router closed the connection after hello".into()),
+        Ok(Some(Err(e))) => return Err(e.to_string()),
+        Ok(Some(Ok(msg))) => match inbound(&msg, opts.max_frame, me) {
+            Some(Ok(WorkerInbound::Welcome(w))) => w,
+            Some(Ok(WorkerInbound::Refused(r))) => {
+                return Err(format!(
+                    "the router refused this worker ({:?}): {}",
+                    r.reason, r.detail
+                ));
+            }
+            Some(Ok(other)) => return Err(format!("expected welcome, got {other:?}")),
+            Some(Err(e)) => return Err(format!("bad answer to hello: {e}")),
+            None => return Err("the router closed the connection after hello".into()),
+        },
+    };
+    tracing::info!(conn, router = %opts.url, "connected to the router");
+    let (tx, mut rx) = mpsc::channel::<String>(OUTBOUND_QUEUE);
+    let writer = tokio::spawn(async move {
+        while let Some(text) = rx.recv().await {
+            if sink.send(Message::text(text)).await.is_err() {
+                return;
+            }
+        }
+        let _ = sink.send(Message::Close(None)).await;
+        let _ = sink.close().await;
+    });
+    if events
+        .send(LinkEvent::Up { conn, tx, welcome })
+        .await
+        .is_err()
+    {
+        writer.abort();
+        return Ok("worker is shutting down".into());
+    }
+    let reason = loop {
+        let msg = tokio::select! {
+            m = stream.next() => m,
+            _ = stop.changed() => break "worker is shutting down".to_owned(),
+        };
+        let msg = match msg {
+            None => break "the router closed the connection".to_owned(),
+            Some(Err(e)) => break e.to_string(),
+            Some(Ok(m)) => m,
+        };
+        if let Message::Close(frame) = &msg {
+            break match frame {
+                Some(f) if !f.reason.is_empty() => format!("closed by the router: {}", f.reason),
+                _ => "closed by the router".to_owned(),
+            };
+        }
+        if faults.drop_inbound() {
+            metrics.counter_add(
+                "den_fault_dropped_frames_total",
+                "Frames from the router dropped by fault injection (--fault-admin).",
+                &[],
+                1.0,
+            );
+            continue;
+        }
+        match inbound(&msg, opts.max_frame, me) {
+            None => {}
+            Some(Ok(WorkerInbound::Ignored { .. })) => {}
+            Some(Ok(WorkerInbound::Refused(r))) => {
+                break format!("refused by the router ({:?}): {}", r.reason, r.detail);
+            }
+            Some(Ok(message)) => {
+                let sent = events.send(LinkEvent::Inbound { conn, message }).await;
+                if sent.is_err() {
+                    break "worker is shutting down".to_owned();
+                }
+            }
+            Some(Err(e)) => tracing::error!("ignoring a frame from the router: {e}"),
+        }
+    };
+    // The writer ends when the actor drops its sender (on `Down`) or the socket fails.
+    drop(writer);
+    Ok(reason)
+}
+
+/// Decode a text or binary frame; `None` for control frames.
+fn inbound(
+    msg: &Message,
+    max_frame: usize,
+    me: &WorkerId,
+) -> Option<Result<WorkerInbound, den_protocol::wire::CodecError>> {
+    match msg {
+        Message::Text(t) => Some(decode_for_worker(t.as_bytes(), max_frame, me)),
+        Message::Binary(b) => Some(decode_for_worker(b, max_frame, me)),
+        _ => None,
+    }
+}
+
+/// Up to `max` of pseudo-random delay (from the clock; good enough to spread reconnects).
+fn jitter(max: Duration) -> Duration {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos() as u64)
+        .unwrap_or(0);
+    let span = max.as_nanos().max(1) as u64;
+    Duration::from_nanos(nanos % span)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn router_addresses_normalise_to_the_agents_endpoint() {
+        assert_eq!(
+            agents_url("http://127.0.0.1:7070").unwrap(),
+            "ws://127.0.0.1:7070/v1/agents"
+        );
+        assert_eq!(agents_url("ws://h:1/").unwrap(), "ws://h:1/v1/agents");
+        assert_eq!(
+            agents_url("https://h/v1/agents").unwrap(),
+            "wss://h/v1/agents"
+        );
+        assert!(
+            agents_url("127.0.0.1:7070")
+                .unwrap_err()
+                .contains("no scheme")
+        );
+        assert!(agents_url("ftp://h").unwrap_err().contains("ftp"));
+    }
+}

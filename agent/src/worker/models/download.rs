@@ -1,0 +1,234 @@
+//! One download attempt: fetch every artifact file from its source through object_store
+//! (the object tier's URL and S3 settings), stream it into a staging directory while
+//! hashing it, verify its size and SHA-256, fsync, write the marker, and rename the
+//! staging directory into place (atomic), then fsync the models directory.
+//!
+//! Any failure — the source unreachable or missing a file, a size or checksum mismatch,
+//! a disk error, a cancellation — is the attempt's failure with a one-line reason, and
+//! the staging directory is removed: nothing partial is ever installed.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use object_store::ObjectStoreExt;
+use object_store::path::Path as ObjectPath;
+use sha2::{Digest, Sha256};
+use tokio::io::AsyncWriteExt;
+use tokio::sync::mpsc;
+
+use den_protocol::skulk::AttemptId;
+use den_protocol::wire::ModelArtifact;
+
+use super::ModelEvent;
+use super::install::{Installed, MARKER, Marker, STAGING, file_path, sync_dir};
+use crate::tiers::ObjectConfig;
+use crate::tiers::object::open_store;
+
+/// How often progress is reported while bytes flow.
+const PROGRESS_EVERY: Duration = Duration::from_millis(100);
+
+/// Everything one attempt needs.
+pub struct DownloadJob {
+    pub attempt: AttemptId,
+    pub artifact: ModelArtifact,
+    pub source: String,
+    pub models_dir: PathBuf,
+    pub cancel: Arc<AtomicBool>,
+    pub events: mpsc::UnboundedSender<ModelEvent>,
+}
+
+/// Runs the attempt to its end; reports `Downloaded` with the outcome.
+pub async fn run(job: DownloadJob) {
+    let staging = job.models_dir.join(STAGING).join(job.attempt.as_str());
+    let result = fetch(&job, &staging).await;
+    if result.is_err() {
+        let _ = tokio::fs::remove_dir_all(&staging).await;
+    }
+    let _ = job.events.send(ModelEvent::Downloaded {
+        attempt: job.attempt.clone(),
+        result,
+    });
+}
+
+struct Progress<'a> {
+    job: &'a DownloadJob,
+    started: Instant,
+    last: Instant,
+    bytes: u64,
+    files: u32,
+}
+
+impl Progress<'_> {
+    fn report(&mut self, force: bool) {
+        let now = Instant::now();
+        if !force && now.duration_since(self.last) < PROGRESS_EVERY {
+            return;
+        }
+        self.last = now;
+        let secs = now.duration_since(self.started).as_secs_f64();
+        let rate = if secs > 0.0 {
+            self.bytes as f64 / secs
+        } else {
+            0.0
+        };
+        let _ = self.job.events.send(ModelEvent::Progress {
+            attempt: self.job.attempt.clone(),
+            bytes_done: self.bytes,
+            files_done: self.files,
+            bytes_per_s: rate,
+        });
+    }
+}
+
+async fn fetch(job: &DownloadJob, staging: &Path) -> Result<Installed, String> {
+    let config = ObjectConfig::from_url_and_env(&job.source).map_err(|e| e.to_string())?;
+    let (store, prefix) = open_store(&config).map_err(|e| format!("source {}: {e}", job.source))?;
+    tokio::fs::create_dir_all(staging)
+        .await
+        .map_err(|e| format!("cannot create {}: {e}", staging.display()))?;
+    let mut progress = Progress {
+        job,
+        started: Instant::now(),
+        last: Instant::now(),
+        bytes: 0,
+        files: 0,
+    };
+    progress.report(true);
+    for file in &job.artifact.files {
+        let location = if prefix.is_empty() {
+            ObjectPath::from(file.path.as_str())
+        } else {
+            ObjectPath::from(format!("{prefix}/{}", file.path))
+        };
+        let got = store.get(&location).await.map_err(|e| match e {
+            object_store::Error::NotFound { .. } => {
+                format!("{} is missing from the source {}", file.path, job.source)
+            }
+            other => format!(
+                "fetching {} from {} failed: {}",
+                file.path,
+                job.source,
+                one_line(&other.to_string())
+            ),
+        })?;
+        let target = file_path(staging, &file.path);
+        if let Some(parent) = target.parent() {
+            tokio::fs::create_dir_all(parent)
+                .await
+                .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+        }
+        let mut out = tokio::fs::File::create(&target)
+            .await
+            .map_err(|e| format!("cannot write {}: {e}", target.display()))?;
+        let mut hasher = Sha256::new();
+        let mut written: u64 = 0;
+        let mut stream = got.into_stream();
+        while let Some(chunk) = stream.next().await {
+            if job.cancel.load(Ordering::Relaxed) {
+                return Err("cancelled: the runner that needed it was removed".to_owned());
+            }
+            let chunk = chunk.map_err(|e| {
+                format!(
+                    "reading {} from {} failed: {}",
+                    file.path,
+                    job.source,
+                    one_line(&e.to_string())
+                )
+            })?;
+            written = written.saturating_add(chunk.len() as u64);
+            if written > file.bytes {
+                return Err(format!(
+                    "size mismatch for {}: the card says {} bytes, the source has more",
+                    file.path, file.bytes
+                ));
+            }
+            hasher.update(&chunk);
+            out.write_all(&chunk)
+                .await
+                .map_err(|e| format!("writing {} failed: {e}", target.display()))?;
+            progress.bytes = progress.bytes.saturating_add(chunk.len() as u64);
+            progress.report(false);
+        }
+        if written != file.bytes {
+            return Err(format!(
+                "size mismatch for {}: expected {} bytes, got {written}",
+                file.path, file.bytes
+            ));
+        }
+        let got = hex::encode(hasher.finalize());
+        if got != file.sha256 {
+            return Err(format!(
+                "checksum mismatch for {}: expected sha256 {}, got {got}",
+                file.path, file.sha256
+            ));
+        }
+        out.sync_all()
+            .await
+            .map_err(|e| format!("fsync of {} failed: {e}", target.display()))?;
+        progress.files += 1;
+        progress.report(true);
+    }
+    finalize(job, staging).await
+}
+
+/// Marker, fsyncs and the atomic rename into `models/<digest>`.
+async fn finalize(job: &DownloadJob, staging: &Path) -> Result<Installed, String> {
+    let marker = Marker {
+        attempt_id: job.attempt.clone(),
+        model_id: job.artifact.model_id.clone(),
+        card_digest: job.artifact.card_digest.clone(),
+        bytes_total: job.artifact.total_bytes(),
+        files: job.artifact.files.clone(),
+        installed_at_unix_ms: crate::router::manage::unix_now_ms(),
+    };
+    let models_dir = job.models_dir.clone();
+    let staging = staging.to_path_buf();
+    let digest = job.artifact.card_digest.clone();
+    let files = job.artifact.files.clone();
+    tokio::task::spawn_blocking(move || -> Result<Installed, String> {
+        let io = |what: &str, e: std::io::Error| format!("{what}: {e}");
+        let text = serde_json::to_vec_pretty(&marker).map_err(|e| e.to_string())?;
+        let marker_path = staging.join(MARKER);
+        {
+            use std::io::Write;
+            let mut f = std::fs::File::create(&marker_path)
+                .map_err(|e| io("writing the installation marker", e))?;
+            f.write_all(&text)
+                .and_then(|_| f.sync_all())
+                .map_err(|e| io("writing the installation marker", e))?;
+        }
+        // Every directory that gained an entry, deepest first, then the staging root.
+        let mut dirs: Vec<PathBuf> = files
+            .iter()
+            .filter_map(|f| file_path(&staging, &f.path).parent().map(Path::to_path_buf))
+            .collect();
+        dirs.sort();
+        dirs.dedup();
+        dirs.reverse();
+        for d in dirs.iter().chain(std::iter::once(&staging)) {
+            sync_dir(d).map_err(|e| io(&format!("fsync of {}", d.display()), e))?;
+        }
+        let target = models_dir.join(&digest);
+        if target.exists() {
+            // A stale or corrupt installation the index already dropped.
+            std::fs::remove_dir_all(&target)
+                .map_err(|e| io(&format!("removing the old {}", target.display()), e))?;
+        }
+        std::fs::rename(&staging, &target)
+            .map_err(|e| io(&format!("installing into {}", target.display()), e))?;
+        sync_dir(&models_dir).map_err(|e| io("fsync of the models directory", e))?;
+        Ok(Installed {
+            dir: target,
+            marker,
+        })
+    })
+    .await
+    .map_err(|e| format!("the installer stopped: {e}"))?
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}

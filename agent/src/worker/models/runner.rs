@@ -1,0 +1,253 @@
+//! Loading a runner: the installed artifact's files are read, re-verified (size and
+//! SHA-256: an installation changed on disk is refused and uninstalled) and copied into
+//! memory on the worker's backend — host memory, or GPU memory through the CUDA driver —
+//! and the runner's KV page pool is allocated there, sized from the card and the KV
+//! budget: `pages = ⌊budget / (page_size × kv_bytes_per_token)⌋`, and the runner admits
+//! `min(pages × page_size, context_length)` tokens per sequence.
+//!
+//! The synthetic engine (model-free) still computes tokens, from the worker's own page
+//! arena; the runner's weights and pool are real allocations that a real engine would
+//! use, held for the runner's lifetime and released when it is torn down (dropping
+//! [`Loaded`] frees both).
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use sha2::{Digest, Sha256};
+use tokio::sync::mpsc;
+
+use den_protocol::observation::RunnerPool;
+use den_protocol::skulk::RunnerId;
+use den_protocol::wire::ModelArtifact;
+
+use super::ModelEvent;
+use super::install::file_path;
+use crate::memory::{ArenaGeometry, CudaMemory, HostMemory, MemoryError, PageMemory, RowRun};
+use crate::worker::Backend;
+
+/// Weights are copied in rows of this many bytes (one row per copy).
+const WEIGHT_ROW: u64 = 1 << 20;
+
+/// A loaded runner's memory. Dropping it releases both arenas.
+pub struct Loaded {
+    pub pool: RunnerPool,
+    _weights: Box<dyn PageMemory>,
+    _kv: Box<dyn PageMemory>,
+}
+
+impl std::fmt::Debug for Loaded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Loaded").field("pool", &self.pool).finish()
+    }
+}
+
+/// Why loading failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LoadError {
+    /// The installation does not match its card any more: uninstall it.
+    Corrupt(String),
+    /// Memory, sizing, I/O or cancellation.
+    Failed(String),
+}
+
+impl std::fmt::Display for LoadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LoadError::Corrupt(m) | LoadError::Failed(m) => f.write_str(m),
+        }
+    }
+}
+
+/// Everything one load needs.
+pub struct LoadJob {
+    pub runner: RunnerId,
+    pub dir: PathBuf,
+    pub artifact: ModelArtifact,
+    pub backend: Backend,
+    pub device: usize,
+    pub page_size: u32,
+    pub kv_budget: u64,
+    pub cancel: Arc<AtomicBool>,
+    pub events: mpsc::UnboundedSender<ModelEvent>,
+}
+
+/// The runner's page pool for a card: `(pages, context tokens)`, or why none fits.
+pub fn size_pool(
+    artifact: &ModelArtifact,
+    page_size: u32,
+    budget: u64,
+) -> Result<(u32, u64), String> {
+    let page_bytes = artifact
+        .kv_bytes_per_token
+        .checked_mul(u64::from(page_size))
+        .filter(|b| *b > 0)
+        .ok_or("the card's KV bytes per token overflow a page")?;
+    let pages = (budget / page_bytes).min(i32::MAX as u64);
+    if pages == 0 {
+        return Err(format!(
+            "the KV budget of {budget} bytes does not hold one page ({page_size} tokens × {} bytes per token); raise --kv-budget",
+            artifact.kv_bytes_per_token
+        ));
+    }
+    let pages = u32::try_from(pages).unwrap_or(u32::MAX);
+    let context = (u64::from(pages) * u64::from(page_size)).min(artifact.context_length);
+    Ok((pages, context))
+}
+
+/// Loads on the calling (blocking) thread; reports `LoadProgress` as layers arrive.
+pub fn load(job: &LoadJob) -> Result<Loaded, LoadError> {
+    let failed = |m: String| LoadError::Failed(m);
+    let (pages, context_tokens) =
+        size_pool(&job.artifact, job.page_size, job.kv_budget).map_err(failed)?;
+    let total = job.artifact.total_bytes();
+    let row = WEIGHT_ROW.min(total.max(1));
+    let rows = u32::try_from(total.div_ceil(row).max(1)).map_err(|_| {
+        failed(format!(
+            "the artifact of {total} bytes is too large to load"
+        ))
+    })?;
+    let mut weights = open(job, ArenaGeometry::new(1, rows, row), "weights")?;
+    let layers = u64::from(job.artifact.layers);
+    // `row` ≤ WEIGHT_ROW (1 MiB), so it fits a usize.
+    let mut buf = vec![0u8; usize::try_from(row).unwrap_or(1 << 20)];
+    let mut filled = 0usize;
+    let mut next_row: u32 = 0;
+    let mut loaded: u64 = 0;
+    let mut reported = u64::MAX;
+    let mut flush =
+        |buf: &mut [u8], filled: &mut usize, next_row: &mut u32| -> Result<(), LoadError> {
+            if *filled == 0 {
+                return Ok(());
+            }
+            buf.iter_mut().skip(*filled).for_each(|b| *b = 0);
+            let run = RowRun {
+                page: *next_row,
+                offset: 0,
+                len: 1,
+            };
+            weights
+                .write_runs(&[run], buf)
+                .map_err(|e| failed(format!("copying weights into memory failed: {e}")))?;
+            *next_row += 1;
+            *filled = 0;
+            Ok(())
+        };
+    for file in &job.artifact.files {
+        let path = file_path(&job.dir, &file.path);
+        let mut f = std::fs::File::open(&path).map_err(|e| {
+            LoadError::Corrupt(format!("installed file {} cannot be read: {e}", file.path))
+        })?;
+        let mut hasher = Sha256::new();
+        let mut read: u64 = 0;
+        loop {
+            if job.cancel.load(Ordering::Relaxed) {
+                return Err(failed(
+                    "cancelled: the runner was removed while loading".into(),
+                ));
+            }
+            let space = buf.get_mut(filled..).unwrap_or_default();
+            let n = f
+                .read(space)
+                .map_err(|e| failed(format!("reading {} failed: {e}", file.path)))?;
+            if n == 0 {
+                break;
+            }
+            hasher.update(buf.get(filled..filled + n).unwrap_or_default());
+            filled += n;
+            read += n as u64;
+            loaded += n as u64;
+            if filled == buf.len() {
+                flush(&mut buf, &mut filled, &mut next_row)?;
+            }
+            let done = (loaded.saturating_mul(layers) / total.max(1)).min(layers);
+            if done != reported {
+                reported = done;
+                let _ = job.events.send(ModelEvent::LoadProgress {
+                    runner: job.runner.clone(),
+                    layers_loaded: done,
+                    total_layers: layers,
+                });
+            }
+        }
+        if read != file.bytes {
+            return Err(LoadError::Corrupt(format!(
+                "installed {} has {read} bytes, the card says {}",
+                file.path, file.bytes
+            )));
+        }
+        let got = hex::encode(hasher.finalize());
+        if got != file.sha256 {
+            return Err(LoadError::Corrupt(format!(
+                "installed {} changed on disk: expected sha256 {}, got {got}",
+                file.path, file.sha256
+            )));
+        }
+    }
+    flush(&mut buf, &mut filled, &mut next_row)?;
+    let kv = open(
+        job,
+        ArenaGeometry::new(job.page_size, pages, job.artifact.kv_bytes_per_token),
+        "KV page pool",
+    )?;
+    let page_bytes = u64::from(job.page_size) * job.artifact.kv_bytes_per_token;
+    Ok(Loaded {
+        pool: RunnerPool {
+            weights_bytes: total,
+            pages,
+            page_size: job.page_size,
+            page_bytes,
+            context_tokens,
+        },
+        _weights: weights,
+        _kv: kv,
+    })
+}
+
+/// Opens an arena on the worker's backend.
+fn open(
+    job: &LoadJob,
+    geometry: Result<ArenaGeometry, MemoryError>,
+    what: &str,
+) -> Result<Box<dyn PageMemory>, LoadError> {
+    let geometry = geometry.map_err(|e| LoadError::Failed(format!("{what}: {e}")))?;
+    let memory: Result<Box<dyn PageMemory>, MemoryError> = match job.backend {
+        Backend::Host => HostMemory::open(geometry).map(|m| Box::new(m) as Box<dyn PageMemory>),
+        Backend::Cuda => {
+            CudaMemory::open(job.device, geometry).map(|m| Box::new(m) as Box<dyn PageMemory>)
+        }
+    };
+    memory.map_err(|e| LoadError::Failed(format!("allocating the {what}: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn artifact(bpt: u64, context: u64) -> ModelArtifact {
+        ModelArtifact {
+            model_id: "m".into(),
+            fingerprint: "m".into(),
+            card_digest: "0".repeat(64),
+            registry_card_id: None,
+            layers: 4,
+            kv_bytes_per_token: bpt,
+            context_length: context,
+            files: vec![],
+        }
+    }
+
+    #[test]
+    fn the_pool_is_sized_from_the_card_and_the_budget() {
+        // 16-token pages of 1 KiB rows: 16 KiB a page; 1 MiB holds 64 pages.
+        assert_eq!(
+            size_pool(&artifact(1024, 1 << 20), 16, 1 << 20),
+            Ok((64, 1024))
+        );
+        // The card's context caps the per-sequence limit, not the pages.
+        assert_eq!(size_pool(&artifact(1024, 100), 16, 1 << 20), Ok((64, 100)));
+        let e = size_pool(&artifact(1 << 20, 100), 16, 1 << 20).unwrap_err();
+        assert!(e.contains("--kv-budget"), "{e}");
+    }
+}

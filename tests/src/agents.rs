@@ -1,0 +1,606 @@
+//! Helpers for the agents' end-to-end tests: start the real `den-agent` binary as a router
+//! and workers on 127.0.0.1, talk to them over HTTP and WebSockets, and inject faults
+//! (signals to processes, the workers' `--fault-admin` endpoint).
+//!
+//! The binary must be built first (`cargo build -p den-agent`; `tests/run` builds the
+//! whole workspace). It is looked up next to the test executable (`target/<profile>/`),
+//! or at `$DEN_AGENT_BIN`.
+//!
+//! Every process writes its log to a temporary file; when a test panics the tail of each
+//! log is printed, so a failure shows what the processes saw.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use serde_json::{Value, json};
+
+/// The `den-agent` binary.
+pub fn agent_binary() -> PathBuf {
+    if let Some(p) = std::env::var_os("DEN_AGENT_BIN") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/<test>-<hash> → target/<profile>/den-agent
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("test executable lives in target/<profile>/deps");
+    let bin = dir.join("den-agent");
+    assert!(
+        bin.exists(),
+        "{} does not exist: build it first with `cargo build -p den-agent`",
+        bin.display()
+    );
+    bin
+}
+
+/// A child process that is killed (and its log shown on failure) when dropped.
+pub struct Proc {
+    pub name: String,
+    child: Child,
+    log: PathBuf,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Proc {
+    /// Start `den-agent ARGS`, logging to `dir/NAME.log`.
+    pub fn spawn(name: &str, dir: &Path, args: &[String], env: &[(&str, String)]) -> Proc {
+        let log = dir.join(format!("{name}.log"));
+        let stderr = std::fs::File::create(&log).expect("log file");
+        let mut cmd = Command::new(agent_binary());
+        cmd.args(args)
+            .env("DEN_LOG", "info,den_agent=debug")
+            .env_remove("DEN_TOKEN")
+            .env_remove("DEN_CONFIG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(stderr);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("start den-agent");
+        let stdout = child.stdout.take().expect("stdout pipe");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Proc {
+            name: name.to_owned(),
+            child,
+            log,
+            lines: rx,
+        }
+    }
+
+    /// The rest of the first stdout line starting with `prefix`.
+    pub fn wait_line(&mut self, prefix: &str, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    if let Some(rest) = line.strip_prefix(prefix) {
+                        return rest.trim().to_owned();
+                    }
+                }
+                Err(_) => panic!(
+                    "{} did not print {prefix:?} within {timeout:?}; log:\n{}",
+                    self.name,
+                    tail(&self.log, 40)
+                ),
+            }
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Send a signal by name (`KILL`, `TERM`, `STOP`, `CONT`).
+    pub fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(self.pid().to_string())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        assert!(ok, "kill -{sig} {} failed", self.name);
+    }
+
+    /// Wait for the process to exit; its exit code (None when killed by a signal).
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status.code();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} did not exit within {timeout:?}; log:\n{}",
+                self.name,
+                tail(&self.log, 40)
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "---- {} log (tail) ----\n{}",
+                self.name,
+                tail(&self.log, 60)
+            );
+        }
+        // A stopped process must be continued to die promptly from SIGKILL's cleanup.
+        if let Ok(None) = self.child.try_wait() {
+            let _ = Command::new("kill")
+                .arg("-CONT")
+                .arg(self.child.id().to_string())
+                .stderr(Stdio::null())
+                .status();
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn tail(path: &Path, n: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// A router process.
+pub struct Router {
+    pub proc: Proc,
+    /// `http://127.0.0.1:PORT`
+    pub url: String,
+    pub token: Option<String>,
+    pub dir: tempfile::TempDir,
+}
+
+/// A worker process.
+pub struct Worker {
+    pub proc: Proc,
+    pub name: String,
+    /// `http://127.0.0.1:PORT` of /metrics and /status.
+    pub metrics: String,
+    /// `http://127.0.0.1:PORT` of the fault-injection endpoint, when enabled.
+    pub fault: Option<String>,
+    pub data_dir: PathBuf,
+}
+
+/// Start a router on a free loopback port with `--chunk-size 16` and `extra` arguments.
+pub fn start_router(token: Option<&str>, extra: &[&str]) -> Router {
+    start_router_at("127.0.0.1:0", token, extra)
+}
+
+/// Start a router on `listen` (e.g. the address of a router that was killed).
+pub fn start_router_at(listen: &str, token: Option<&str>, extra: &[&str]) -> Router {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut args: Vec<String> = ["router", "--listen", listen, "--chunk-size", "16"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    if let Some(t) = token {
+        args.extend(["--token".into(), t.into()]);
+    }
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let mut proc = Proc::spawn("router", dir.path(), &args, &[]);
+    let url = proc.wait_line("den-agent router listening on ", Duration::from_secs(20));
+    Router {
+        proc,
+        url,
+        token: token.map(str::to_owned),
+        dir,
+    }
+}
+
+/// Worker arguments every test uses unless it overrides them: small pages and rows,
+/// chunk size 16, metrics on a free port.
+pub const BASE_WORKER_ARGS: &[&str] = &[
+    "--chunk-size",
+    "16",
+    "--page-size",
+    "16",
+    "--pages",
+    "256",
+    "--kv-bytes-per-token",
+    "1KiB",
+    "--metrics-listen",
+    "127.0.0.1:0",
+];
+
+/// Start a worker `name` connected to `router`, with the base arguments, a fault-admin
+/// endpoint when `fault`, and `extra` arguments (later flags win).
+pub fn start_worker(router: &Router, name: &str, fault: bool, extra: &[&str]) -> Worker {
+    start_worker_env(router, name, fault, extra, &[])
+}
+
+pub fn start_worker_env(
+    router: &Router,
+    name: &str,
+    fault: bool,
+    extra: &[&str],
+    env: &[(&str, String)],
+) -> Worker {
+    let data_dir = router.dir.path().join(format!("data-{name}"));
+    let mut args: Vec<String> = vec![
+        "worker".into(),
+        "--router".into(),
+        router.url.clone(),
+        "--name".into(),
+        name.into(),
+        "--data-dir".into(),
+        data_dir.display().to_string(),
+    ];
+    if let Some(t) = &router.token {
+        args.extend(["--token".into(), t.clone()]);
+    }
+    args.extend(BASE_WORKER_ARGS.iter().map(|s| s.to_string()));
+    if fault {
+        args.extend(["--fault-admin".into(), "127.0.0.1:0".into()]);
+    }
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let mut proc = Proc::spawn(name, router.dir.path(), &args, env);
+    let metrics = proc.wait_line("den-agent worker metrics on ", Duration::from_secs(20));
+    let fault =
+        fault.then(|| proc.wait_line("den-agent worker fault-admin on ", Duration::from_secs(20)));
+    Worker {
+        proc,
+        name: name.into(),
+        metrics,
+        fault,
+        data_dir,
+    }
+}
+
+/// An HTTP client (the rustls provider installed once).
+pub fn client() -> reqwest::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .expect("http client")
+}
+
+fn authed(req: reqwest::RequestBuilder, router: &Router) -> reqwest::RequestBuilder {
+    match &router.token {
+        Some(t) => req.bearer_auth(t),
+        None => req,
+    }
+}
+
+/// Poll `f` every 50 ms until it returns `Some`, or panic with `what` after `timeout`.
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+impl Router {
+    /// `GET /v1/workers`.
+    pub async fn workers(&self) -> Vec<Value> {
+        let resp = authed(client().get(format!("{}/v1/workers", self.url)), self)
+            .send()
+            .await
+            .expect("GET /v1/workers");
+        resp.json().await.expect("workers JSON")
+    }
+
+    /// The router's current observation of `worker`.
+    pub async fn observation(&self, worker: &str) -> Option<Value> {
+        self.workers()
+            .await
+            .into_iter()
+            .find(|w| w["worker_id"] == worker)
+    }
+
+    /// Wait until every worker in `names` heartbeats.
+    pub async fn wait_workers(&self, names: &[&str]) {
+        wait_for("workers to register", Duration::from_secs(20), || async {
+            let ws = self.workers().await;
+            names
+                .iter()
+                .all(|n| ws.iter().any(|w| w["worker_id"] == *n))
+                .then_some(())
+        })
+        .await
+    }
+
+    /// `GET /v1/requests/{id}` (the decision record).
+    pub async fn record(&self, id: &str) -> Value {
+        let resp = authed(client().get(format!("{}/v1/requests/{id}", self.url)), self)
+            .send()
+            .await
+            .expect("GET record");
+        resp.json().await.expect("record JSON")
+    }
+
+    pub async fn metrics(&self) -> String {
+        client()
+            .get(format!("{}/metrics", self.url))
+            .send()
+            .await
+            .expect("GET /metrics")
+            .text()
+            .await
+            .expect("metrics text")
+    }
+
+    pub async fn post(&self, path: &str) -> reqwest::Response {
+        authed(client().post(format!("{}{path}", self.url)), self)
+            .send()
+            .await
+            .expect("POST")
+    }
+
+    /// Run a generation to its end: every NDJSON line, and the client-measured time to
+    /// the first delta.
+    pub async fn generate(&self, body: Value) -> Generation {
+        let mut s = self.stream(body).await;
+        while s.next_line().await.is_some() {}
+        s.finish()
+    }
+
+    /// Start a streaming generation.
+    pub async fn stream(&self, body: Value) -> GenerationStream {
+        let t0 = Instant::now();
+        let resp = authed(client().post(format!("{}/v1/generate", self.url)), self)
+            .json(&body)
+            .send()
+            .await
+            .expect("POST /v1/generate");
+        assert!(
+            resp.status().is_success(),
+            "generate failed: {} {}",
+            resp.status(),
+            resp.text().await.unwrap_or_default()
+        );
+        GenerationStream {
+            t0,
+            stream: Box::pin(resp.bytes_stream().map(|r| r.map(|b| b.to_vec()))),
+            buf: Vec::new(),
+            lines: Vec::new(),
+            first_delta: None,
+        }
+    }
+}
+
+/// A generation in progress.
+pub struct GenerationStream {
+    t0: Instant,
+    stream: std::pin::Pin<Box<dyn futures_util::Stream<Item = reqwest::Result<Vec<u8>>> + Send>>,
+    buf: Vec<u8>,
+    pub lines: Vec<Value>,
+    first_delta: Option<Duration>,
+}
+
+impl GenerationStream {
+    /// The next NDJSON line, or `None` at the end of the stream.
+    pub async fn next_line(&mut self) -> Option<Value> {
+        loop {
+            if let Some(pos) = self.buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=pos).collect();
+                let v: Value = serde_json::from_slice(&line).expect("NDJSON line");
+                if v["type"] == "delta" && self.first_delta.is_none() {
+                    self.first_delta = Some(self.t0.elapsed());
+                }
+                self.lines.push(v.clone());
+                return Some(v);
+            }
+            match self.stream.next().await {
+                Some(Ok(chunk)) => self.buf.extend_from_slice(&chunk),
+                Some(Err(e)) => panic!("generate stream failed: {e}"),
+                None => return None,
+            }
+        }
+    }
+
+    pub fn finish(self) -> Generation {
+        let terminal = self
+            .lines
+            .iter()
+            .rev()
+            .find(|l| l["type"] != "delta")
+            .cloned()
+            .unwrap_or(Value::Null);
+        Generation {
+            deltas: self
+                .lines
+                .iter()
+                .filter(|l| l["type"] == "delta")
+                .cloned()
+                .collect(),
+            terminal,
+            ttft: self.first_delta,
+        }
+    }
+}
+
+/// A finished generation.
+#[derive(Debug, Clone)]
+pub struct Generation {
+    pub deltas: Vec<Value>,
+    /// The completed / error / cancelled line.
+    pub terminal: Value,
+    /// Client-measured time from the request to the first delta.
+    pub ttft: Option<Duration>,
+}
+
+impl Generation {
+    pub fn kind(&self) -> &str {
+        self.terminal["type"].as_str().unwrap_or("")
+    }
+
+    pub fn cached_tokens(&self) -> u64 {
+        self.terminal["cached_tokens"].as_u64().unwrap_or(0)
+    }
+
+    pub fn worker(&self) -> String {
+        self.terminal["worker"].as_str().unwrap_or("").to_owned()
+    }
+
+    pub fn tier(&self) -> String {
+        self.terminal["tier"].as_str().unwrap_or("").to_owned()
+    }
+
+    pub fn tokens(&self) -> Vec<u64> {
+        self.terminal["tokens"]
+            .as_array()
+            .map(|a| a.iter().filter_map(Value::as_u64).collect())
+            .unwrap_or_default()
+    }
+}
+
+/// A generate body for `tokens` with `max_new` new tokens.
+pub fn body(id: &str, tokens: &[u32], max_new: u32) -> Value {
+    json!({"id": id, "tokens": tokens, "max_new_tokens": max_new})
+}
+
+/// `n` distinct prompt tokens for `seed`.
+pub fn prompt(seed: u32, n: usize) -> Vec<u32> {
+    (0..n as u32)
+        .map(|i| 256 + (i * 7 + seed * 131) % 400)
+        .collect()
+}
+
+impl Worker {
+    /// `GET /status`.
+    pub async fn status(&self) -> Value {
+        client()
+            .get(format!("{}/status", self.metrics))
+            .send()
+            .await
+            .expect("GET /status")
+            .json()
+            .await
+            .expect("status JSON")
+    }
+
+    pub async fn metrics_text(&self) -> String {
+        client()
+            .get(format!("{}/metrics", self.metrics))
+            .send()
+            .await
+            .expect("GET /metrics")
+            .text()
+            .await
+            .expect("metrics")
+    }
+
+    /// `POST {fault}{path}` on the fault-admin endpoint.
+    pub async fn fault(&self, path: &str) -> Value {
+        let base = self
+            .fault
+            .as_ref()
+            .expect("worker started with a fault-admin endpoint");
+        let resp = client()
+            .post(format!("{base}{path}"))
+            .send()
+            .await
+            .expect("fault admin");
+        assert!(
+            resp.status().is_success(),
+            "fault admin {path}: {}",
+            resp.status()
+        );
+        resp.json().await.expect("fault admin JSON")
+    }
+
+    /// Wait until the worker has no live assignment and no checkpoint in flight.
+    pub async fn wait_idle(&self) {
+        wait_for(
+            &format!("{} to be idle", self.name),
+            Duration::from_secs(30),
+            || async {
+                let s = self.status().await;
+                (s["assignments"] == 0 && s["checkpoints_in_flight"] == 0).then_some(())
+            },
+        )
+        .await
+    }
+}
+
+/// The value of metric `name` with exactly `labels` in Prometheus text (0 when absent).
+pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    let want: BTreeMap<&str, &str> = labels.iter().copied().collect();
+    for line in text.lines() {
+        if line.starts_with('#') {
+            continue;
+        }
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let (n, l) = match series.split_once('{') {
+            Some((n, rest)) => (n, rest.trim_end_matches('}')),
+            None => (series, ""),
+        };
+        if n != name {
+            continue;
+        }
+        let got: BTreeMap<&str, &str> = l
+            .split(',')
+            .filter(|p| !p.is_empty())
+            .filter_map(|p| p.split_once('='))
+            .map(|(k, v)| (k, v.trim_matches('"')))
+            .collect();
+        if got == want {
+            return value.parse().unwrap_or(0.0);
+        }
+    }
+    0.0
+}
+
+/// Sum of metric `name` over every label set.
+pub fn metric_sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.rsplit_once(' '))
+        .filter(|(series, _)| series.split('{').next() == Some(name))
+        .filter_map(|(_, v)| v.parse::<f64>().ok())
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metric_lookup_matches_exact_label_sets() {
+        let text = "# HELP x h\nx{a=\"1\",b=\"2\"} 5\nx{a=\"1\"} 3\ny 7\n";
+        assert_eq!(metric(text, "x", &[("b", "2"), ("a", "1")]), 5.0);
+        assert_eq!(metric(text, "x", &[("a", "1")]), 3.0);
+        assert_eq!(metric(text, "y", &[]), 7.0);
+        assert_eq!(metric(text, "z", &[]), 0.0);
+        assert_eq!(metric_sum(text, "x"), 8.0);
+    }
+}

@@ -1,0 +1,199 @@
+//! Protocol violations on the worker endpoint: no or wrong token, wrong protocol version,
+//! malformed and oversized frames, a first frame that is not `hello`, a second `hello`.
+//! Each is refused with a clear error and its connection closed — and a real worker
+//! connected all along keeps heartbeating and serving.
+
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::http::HeaderValue;
+use tokio_tungstenite::tungstenite::{Error as WsError, Message};
+
+use den_protocol::wire::PROTOCOL_VERSION;
+use den_tests::agents::{Router, body, metric_sum, prompt, start_router, start_worker};
+
+type Ws =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+async fn connect(router: &Router, token: Option<&str>) -> Result<Ws, WsError> {
+    let url = router.url.replace("http://", "ws://") + "/v1/agents";
+    let mut req = url.into_client_request().unwrap();
+    if let Some(t) = token {
+        req.headers_mut().insert(
+            "authorization",
+            HeaderValue::from_str(&format!("Bearer {t}")).unwrap(),
+        );
+    }
+    tokio_tungstenite::connect_async(req)
+        .await
+        .map(|(ws, _)| ws)
+}
+
+fn hello(version: u32, name: &str) -> String {
+    json!({"type": "hello", "protocol_version": version, "worker_id": name, "node": name, "epoch": 1})
+        .to_string()
+}
+
+/// The next text frame as JSON (`None` when the connection closed first).
+async fn next_json(ws: &mut Ws) -> Option<Value> {
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), ws.next())
+            .await
+            .ok()??
+        {
+            Ok(Message::Text(t)) => return serde_json::from_str(t.as_str()).ok(),
+            Ok(Message::Close(_)) | Err(_) => return None,
+            Ok(_) => {}
+        }
+    }
+}
+
+/// After a refusal the router closes the connection.
+async fn assert_closed(ws: &mut Ws) {
+    let end = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match ws.next().await {
+                None | Some(Err(_)) | Some(Ok(Message::Close(_))) => return,
+                Some(Ok(_)) => {}
+            }
+        }
+    })
+    .await;
+    assert!(
+        end.is_ok(),
+        "the router kept the connection open after refusing it"
+    );
+}
+
+async fn expect_refused(ws: &mut Ws, reason: &str, detail_has: &str) {
+    let frame = next_json(ws).await.expect("a refused frame");
+    assert_eq!(frame["type"], "refused", "{frame}");
+    assert_eq!(frame["reason"], reason, "{frame}");
+    let detail = frame["detail"].as_str().unwrap();
+    assert!(
+        detail.contains(detail_has),
+        "detail {detail:?} should mention {detail_has:?}"
+    );
+    assert!(!detail.contains('\n'));
+    assert_closed(ws).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_bad_tokens_versions_and_frames_are_refused_without_disturbing_others() {
+    let router = start_router(Some("tok"), &["--max-frame", "64KiB"]);
+    let w = start_worker(&router, "w-a", false, &[]);
+    router.wait_workers(&["w-a"]).await;
+    let seq_before = router.observation("w-a").await.unwrap()["sequence"]
+        .as_u64()
+        .unwrap();
+
+    // No token, wrong token: HTTP 401 before any upgrade, with a message saying why.
+    for (token, says) in [
+        (None, "missing Authorization"),
+        (Some("nope"), "wrong token"),
+    ] {
+        match connect(&router, token).await {
+            Err(WsError::Http(resp)) => {
+                assert_eq!(resp.status(), 401);
+                let body = String::from_utf8_lossy(resp.body().as_deref().unwrap_or_default())
+                    .into_owned();
+                assert!(body.contains(says), "{body}");
+            }
+            other => panic!("expected 401, got {:?}", other.map(|_| "a socket")),
+        }
+    }
+
+    // Wrong protocol version.
+    let mut ws = connect(&router, Some("tok")).await.unwrap();
+    ws.send(Message::text(hello(PROTOCOL_VERSION + 1, "intruder")))
+        .await
+        .unwrap();
+    expect_refused(&mut ws, "unsupported-version", "run matching den versions").await;
+
+    // Not JSON as the first frame.
+    let mut ws = connect(&router, Some("tok")).await.unwrap();
+    ws.send(Message::text("{not json")).await.unwrap();
+    expect_refused(&mut ws, "malformed", "not JSON").await;
+
+    // A well-formed frame, but not hello, first.
+    let mut ws = connect(&router, Some("tok")).await.unwrap();
+    let early = json!({"type": "offer-result", "assignment": {"request": "r", "attempt": 1},
+                       "worker_epoch": 1, "accepted": true});
+    ws.send(Message::text(early.to_string())).await.unwrap();
+    expect_refused(&mut ws, "malformed", "first frame must be hello").await;
+
+    // A good hello, then garbage.
+    let mut ws = connect(&router, Some("tok")).await.unwrap();
+    ws.send(Message::text(hello(PROTOCOL_VERSION, "w-x")))
+        .await
+        .unwrap();
+    assert_eq!(next_json(&mut ws).await.unwrap()["type"], "welcome");
+    ws.send(Message::text(
+        json!({"type": "token", "assignment": {"request": "r", "attempt": 0}}).to_string(),
+    ))
+    .await
+    .unwrap();
+    expect_refused(&mut ws, "malformed", "attempts start at 1").await;
+
+    // A good hello, then a frame over the 64 KiB limit.
+    let mut ws = connect(&router, Some("tok")).await.unwrap();
+    ws.send(Message::text(hello(PROTOCOL_VERSION, "w-y")))
+        .await
+        .unwrap();
+    assert_eq!(next_json(&mut ws).await.unwrap()["type"], "welcome");
+    let big = json!({"type": "publish", "chunks": [], "pad": "x".repeat(100 * 1024)}).to_string();
+    ws.send(Message::text(big)).await.unwrap();
+    expect_refused(&mut ws, "malformed", "exceeds the 65536-byte limit").await;
+
+    // A second hello.
+    let mut ws = connect(&router, Some("tok")).await.unwrap();
+    ws.send(Message::text(hello(PROTOCOL_VERSION, "w-z")))
+        .await
+        .unwrap();
+    assert_eq!(next_json(&mut ws).await.unwrap()["type"], "welcome");
+    ws.send(Message::text(hello(PROTOCOL_VERSION, "w-z")))
+        .await
+        .unwrap();
+    expect_refused(&mut ws, "malformed", "only once").await;
+
+    // Meanwhile the real worker kept heartbeating on its connection and still serves.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let obs = router
+        .observation("w-a")
+        .await
+        .expect("w-a still registered");
+    assert!(obs["sequence"].as_u64().unwrap() > seq_before);
+    assert_eq!(
+        router.workers().await.len(),
+        1,
+        "no intruder was registered"
+    );
+    let g = router.generate(body("ok", &prompt(9, 20), 3)).await;
+    assert_eq!(g.kind(), "completed", "{:?}", g.terminal);
+    assert_eq!(w.status().await["connected"], true);
+    let rm = router.metrics().await;
+    assert!(metric_sum(&rm, "den_router_refused_total") >= 6.0);
+    assert!(metric_sum(&rm, "den_router_unauthorized_total") >= 2.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_management_calls_need_the_token() {
+    let router = start_router(Some("tok"), &[]);
+    let resp = den_tests::agents::client()
+        .get(format!("{}/v1/workers", router.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 401);
+    let v: Value = resp.json().await.unwrap();
+    assert!(v["error"].as_str().unwrap().contains("DEN_TOKEN"), "{v}");
+    // Metrics and health stay open for scrapers.
+    assert!(
+        router
+            .metrics()
+            .await
+            .contains("den_router_unauthorized_total")
+    );
+}

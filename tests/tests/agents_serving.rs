@@ -1,0 +1,206 @@
+//! Router + workers over real sockets: a request is served, the same prefix sent again
+//! is served from the cache (resident GPU prefix, then a verified restore from the RAM
+//! tier), and a client that disconnects frees exactly the pages its request reserved.
+
+use std::time::Duration;
+
+use den_tests::agents::{body, metric, prompt, start_router, start_worker, wait_for};
+
+/// Prefill is declared expensive (4 ms per uncached token) so a cache hit is
+/// unmistakable: a 100-token prompt costs ~400 ms to prefill, a hit a few ms.
+const COSTS: &[&str] = &[
+    "--prefill-ms-per-token",
+    "4",
+    "--first-token-ms",
+    "2",
+    "--decode-ms-per-token",
+    "1",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_request_served_then_prefix_reused_from_gpu_and_ram() {
+    let router = start_router(Some("s3cret"), &[]);
+    let a = start_worker(&router, "w-a", true, COSTS);
+    let b = start_worker(&router, "w-b", true, COSTS);
+    router.wait_workers(&["w-a", "w-b"]).await;
+
+    let tokens = prompt(1, 100);
+    let first = router.generate(body("r1", &tokens, 4)).await;
+    assert_eq!(first.kind(), "completed", "{:?}", first.terminal);
+    assert_eq!(first.deltas.len(), 4);
+    assert_eq!(first.cached_tokens(), 0);
+    let served = first.worker();
+    let worker = if served == "w-a" { &a } else { &b };
+
+    // The completed route is advertised as a resident prefix by the next heartbeat.
+    wait_for(
+        "the resident prefix to be advertised",
+        Duration::from_secs(10),
+        || async {
+            let obs = router.observation(&served).await?;
+            (!obs["gpu_prefixes"].as_array()?.is_empty()).then_some(())
+        },
+    )
+    .await;
+    let second = router.generate(body("r2", &tokens, 4)).await;
+    assert_eq!(second.kind(), "completed", "{:?}", second.terminal);
+    assert_eq!(second.tier(), "gpu");
+    assert_eq!(second.worker(), served);
+    assert_eq!(
+        second.cached_tokens(),
+        99,
+        "the whole processed prompt was resident"
+    );
+    assert!(
+        second.ttft.unwrap() < first.ttft.unwrap(),
+        "cache hit TTFT {:?} should be lower than the miss {:?}",
+        second.ttft,
+        first.ttft
+    );
+    assert_eq!(
+        second.tokens(),
+        first.tokens(),
+        "same prompt, same greedy output"
+    );
+
+    // Evict the resident routes: the next identical prompt restores from the RAM tier,
+    // and every restored chunk is read back and checked byte-exact.
+    worker.wait_idle().await;
+    let evicted = worker.fault("/fault/evict-resident").await;
+    assert!(evicted["pages_freed"].as_u64().unwrap() > 0, "{evicted}");
+    wait_for(
+        "the eviction to be advertised",
+        Duration::from_secs(10),
+        || async {
+            let obs = router.observation(&served).await?;
+            obs["gpu_prefixes"].as_array()?.is_empty().then_some(())
+        },
+    )
+    .await;
+    let third = router.generate(body("r3", &tokens, 4)).await;
+    assert_eq!(third.kind(), "completed", "{:?}", third.terminal);
+    assert_eq!(third.tier(), "ram");
+    assert_eq!(third.cached_tokens(), 99);
+    assert!(third.ttft.unwrap() < first.ttft.unwrap());
+    assert_eq!(third.tokens(), first.tokens());
+    let status = worker.status().await;
+    assert!(
+        status["restore_verified"].as_f64().unwrap() >= 7.0,
+        "{status}"
+    );
+    assert_eq!(status["restore_mismatch"], 0.0);
+    let m = worker.metrics_text().await;
+    assert_eq!(
+        metric(&m, "den_restored_tokens_total", &[("tier", "ram")]),
+        99.0
+    );
+    assert_eq!(
+        metric(&m, "den_evictions_total", &[("reason", "explicit")]),
+        2.0
+    );
+
+    // The router saw the hits.
+    let rm = router.metrics().await;
+    assert_eq!(
+        metric(&rm, "den_requests_total", &[("outcome", "completed")]),
+        3.0
+    );
+    assert_eq!(metric(&rm, "den_cached_tokens_total", &[]), 198.0);
+    assert_eq!(
+        metric(&rm, "den_completed_by_tier_total", &[("tier", "gpu")]),
+        1.0
+    );
+    assert_eq!(
+        metric(&rm, "den_completed_by_tier_total", &[("tier", "ram")]),
+        1.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_client_disconnect_cancels_and_frees_exactly_the_reserved_pages() {
+    let router = start_router(None, &[]);
+    let w = start_worker(
+        &router,
+        "w-a",
+        false,
+        &[
+            "--decode-ms-per-token",
+            "100",
+            "--prefill-ms-per-token",
+            "0.1",
+        ],
+    );
+    router.wait_workers(&["w-a"]).await;
+    let before = w.status().await;
+    assert_eq!(before["pool"]["reserved"], 0);
+    assert_eq!(before["routes"], 0);
+    let free_before = before["pool"]["free"].as_u64().unwrap();
+
+    // 40 prompt tokens + 200 new ones: 15 pages of 16 tokens are reserved at acceptance.
+    let mut s = router.stream(body("c1", &prompt(2, 41), 200)).await;
+    let first = s.next_line().await.unwrap();
+    assert_eq!(first["type"], "delta");
+    let during = w.status().await;
+    let held = free_before - during["pool"]["free"].as_u64().unwrap();
+    assert_eq!(held, 15, "{during}");
+    assert_eq!(during["assignments"], 1);
+
+    drop(s); // the client goes away mid-stream
+
+    wait_for(
+        "the worker to release the assignment",
+        Duration::from_secs(10),
+        || async {
+            let s = w.status().await;
+            (s["assignments"] == 0).then_some(())
+        },
+    )
+    .await;
+    let after = w.status().await;
+    assert_eq!(
+        after["pool"]["free"].as_u64().unwrap(),
+        free_before,
+        "{after}"
+    );
+    assert_eq!(after["pool"]["reserved"], 0);
+    assert_eq!(after["pool"]["resident"], 0);
+    assert_eq!(after["routes"], 0, "the partial route was dropped");
+    let record = router.record("c1").await;
+    assert_eq!(record["outcome"]["kind"], "cancelled", "{record}");
+    let m = w.metrics_text().await;
+    assert_eq!(
+        metric(&m, "den_assignments_total", &[("outcome", "cancelled")]),
+        1.0
+    );
+    let rm = router.metrics().await;
+    assert_eq!(
+        metric(&rm, "den_requests_total", &[("outcome", "cancelled")]),
+        1.0
+    );
+
+    // An explicit cancel (POST /v1/requests/{id}/cancel) ends the stream with one
+    // `cancelled` line and frees the pages the same way.
+    let mut s = router.stream(body("c2", &prompt(3, 41), 200)).await;
+    assert_eq!(s.next_line().await.unwrap()["type"], "delta");
+    let resp = router.post("/v1/requests/c2/cancel").await;
+    assert_eq!(resp.status(), 202);
+    while s.next_line().await.is_some() {}
+    let g = s.finish();
+    assert_eq!(g.kind(), "cancelled", "{:?}", g.terminal);
+    wait_for(
+        "the worker to release c2",
+        Duration::from_secs(10),
+        || async {
+            let s = w.status().await;
+            (s["assignments"] == 0).then_some(())
+        },
+    )
+    .await;
+    let after = w.status().await;
+    assert_eq!(
+        after["pool"]["free"].as_u64().unwrap(),
+        free_before,
+        "{after}"
+    );
+    assert_eq!(router.post("/v1/requests/nope/cancel").await.status(), 404);
+}
