@@ -1,13 +1,15 @@
 //! Event lines as the recorder writes them and the replayer reads them back.
 //!
 //! Writing: the session event as JSON, redacted ([`Redactor`]), then — for a Skulk
-//! `/state`, a worker heartbeat or a decision record — the big value replaced by a delta
+//! `/state`, a worker heartbeat, a decision record or the records of a router feed
+//! snapshot — the big value replaced by a delta
 //! against a *base* when that is less than half the size ([`delta`]). Reading undoes the
 //! delta with the same base.
 //!
 //! The base of a key (a source's state, a worker, a request) is the value the last delta
 //! line of that key produced, kept in a small cache, or, when the cache has none, the
-//! value the model holds, serialised. Writer and reader keep identical caches because
+//! value the model holds, serialised. The records of a router feed snapshot always take
+//! the model's records of that source as their base (never cached). Writer and reader keep identical caches because
 //! they apply identical rules to the identical sequence of lines: a delta line stores its
 //! result, a full line or a `route-gone` drops the key, a snapshot line clears
 //! everything (so a reader that starts at a snapshot starts with the writer's cache), and
@@ -66,7 +68,11 @@ impl Codec {
         };
         redactor.redact(&mut value);
         if let Some((key, path)) = keyed(&stamped.event) {
-            let cached = self.values.get(&key).map(|(_, v)| v);
+            let cached = self
+                .values
+                .get(&key)
+                .map(|(_, v)| v)
+                .filter(|_| cached(&key));
             let fresh;
             let base = match cached {
                 Some(v) => Some(v),
@@ -135,7 +141,9 @@ impl Codec {
             .try_fold(&mut event, |v, k| v.as_object_mut()?.get_mut(k))
             .and_then(Value::as_object_mut)
             .and_then(|p| p.remove(last));
-        if let Some(v) = expanded {
+        if let Some(v) = expanded
+            && cached(&d.base)
+        {
             self.store(d.base, v);
         }
         Ok(stamped)
@@ -163,6 +171,13 @@ impl Codec {
             self.values.remove(&oldest);
         }
     }
+}
+
+/// Whether a key's base is kept in the cache. A feed snapshot's records are taken from
+/// the model, which holds every record the feed sent since the last snapshot: a delta
+/// against the previous snapshot would repeat them.
+fn cached(key: &Base) -> bool {
+    !matches!(key, Base::FeedRoutes { .. })
 }
 
 /// The key and the path of the big value of an event that may be written as a delta.
@@ -194,6 +209,15 @@ fn keyed(event: &SessionEvent) -> Option<(Base, &'static [&'static str])> {
             },
             &["message", "record"],
         )),
+        SessionEvent::Feed {
+            source,
+            message: FeedMessage::Snapshot { .. },
+        } => Some((
+            Base::FeedRoutes {
+                source: source.clone(),
+            },
+            &["message", "routes"],
+        )),
         _ => None,
     }
 }
@@ -210,6 +234,17 @@ fn base_from_model(key: &Base, model: &Model) -> Option<Value> {
         Base::Route { source, request } => model
             .route(source, request)
             .and_then(|r| serde_json::to_value(r.record.as_ref()).ok()),
+        // The records the model holds from the source, in its order (a splice patch
+        // finds them wherever they are).
+        Base::FeedRoutes { source } => {
+            let held: Vec<&den_protocol::decision::DecisionRecord> = model
+                .routes()
+                .iter()
+                .filter(|r| &r.source == source)
+                .map(|r| r.record.as_ref())
+                .collect();
+            serde_json::to_value(held).ok()
+        }
     }
 }
 

@@ -12,7 +12,12 @@
 //! - `{"=": V}`: the value is `V`;
 //! - `{"~": {"key": PATCH, …}, "-": ["gone", …]}`: an object whose listed keys changed
 //!   or were removed (either part may be absent);
-//! - `{"@": {"3": PATCH, …}}`: a list of the same length whose listed items changed.
+//! - `{"@": {"3": PATCH, …}}`: a list of the same length whose listed items changed;
+//! - `{"[": [PIECE, …]}`: a list spliced from the old one, piece by piece: `[i, n]`
+//!   is the old items `i..i+n`, `{"=": V}` a new item `V` (lists whose items come and
+//!   go: a worker's cached prefixes, a router's held decision records).
+
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -33,6 +38,9 @@ pub enum Base {
         source: SourceId,
         request: RequestId,
     },
+    /// The decision records of a source's latest feed snapshot (a router resends its
+    /// whole picture to a console that fell behind).
+    FeedRoutes { source: SourceId },
 }
 
 /// The `delta` member of an event line.
@@ -87,7 +95,11 @@ pub fn diff(old: &Value, new: &Value) -> Option<Value> {
             }
             Some(Value::Object(patch))
         }
-        (Value::Array(a), Value::Array(b)) if a.len() == b.len() => {
+        (Value::Array(a), Value::Array(b)) => {
+            let spliced = splice(a, b);
+            if a.len() != b.len() {
+                return Some(spliced);
+            }
             let items: Map<String, Value> = a
                 .iter()
                 .zip(b)
@@ -96,10 +108,51 @@ pub fn diff(old: &Value, new: &Value) -> Option<Value> {
                 .collect();
             let mut patch = Map::new();
             patch.insert("@".to_owned(), Value::Object(items));
-            Some(Value::Object(patch))
+            let patch = Value::Object(patch);
+            // Same length: items changed in place, or shifted (one gone, one new).
+            if spliced.to_string().len() < patch.to_string().len() {
+                Some(spliced)
+            } else {
+                Some(patch)
+            }
         }
         _ => Some(replace(new)),
     }
+}
+
+/// The `[` patch of `b` against `a`: runs of equal items copied from `a` (found by their
+/// JSON text), everything else as new items.
+fn splice(a: &[Value], b: &[Value]) -> Value {
+    let texts: Vec<String> = a.iter().map(Value::to_string).collect();
+    let mut at: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+    for (i, t) in texts.iter().enumerate() {
+        at.entry(t.as_str()).or_default().push(i);
+    }
+    let mut pieces: Vec<Value> = Vec::new();
+    // The run being extended: old start and length.
+    let mut run: Option<(usize, usize)> = None;
+    for item in b {
+        let text = item.to_string();
+        if let Some((start, len)) = run
+            && texts.get(start + len).is_some_and(|t| *t == text)
+        {
+            run = Some((start, len + 1));
+            continue;
+        }
+        if let Some((start, len)) = run.take() {
+            pieces.push(Value::from(vec![start, len]));
+        }
+        match at.get(text.as_str()).and_then(|v| v.first()) {
+            Some(&i) => run = Some((i, 1)),
+            None => pieces.push(replace(item)),
+        }
+    }
+    if let Some((start, len)) = run {
+        pieces.push(Value::from(vec![start, len]));
+    }
+    let mut patch = Map::new();
+    patch.insert("[".to_owned(), Value::Array(pieces));
+    Value::Object(patch)
 }
 
 fn replace(v: &Value) -> Value {
@@ -138,6 +191,37 @@ pub fn apply_in_place(value: &mut Value, patch: &Value) -> Result<(), DeltaError
             let slot = list.get_mut(i).ok_or_else(|| bad("@ index out of range"))?;
             apply_in_place(slot, ip)?;
         }
+        return Ok(());
+    }
+    if let Some(pieces) = p.get("[") {
+        let pieces = pieces.as_array().ok_or_else(|| bad("[ is not a list"))?;
+        let old = value
+            .as_array()
+            .ok_or_else(|| bad("[ patch of a value that is not a list"))?;
+        let mut list = Vec::with_capacity(old.len());
+        for piece in pieces {
+            match piece {
+                Value::Array(range) => {
+                    let n = |i: usize| range.get(i).and_then(Value::as_u64).map(|v| v as usize);
+                    let (Some(start), Some(len)) = (n(0), n(1)) else {
+                        return Err(bad("[ run is not [start, length]"));
+                    };
+                    let run = old
+                        .get(start..start.saturating_add(len))
+                        .ok_or_else(|| bad("[ run out of range"))?;
+                    list.extend_from_slice(run);
+                }
+                Value::Object(item) => {
+                    list.push(
+                        item.get("=")
+                            .cloned()
+                            .ok_or_else(|| bad("[ item lacks ="))?,
+                    );
+                }
+                _ => return Err(bad("[ piece is neither a run nor an item")),
+            }
+        }
+        *value = Value::Array(list);
         return Ok(());
     }
     let object = value
@@ -266,6 +350,39 @@ mod tests {
         round_trip(json!({"a": {"b": 1}}), json!({"a": null}));
         round_trip(json!({"=": 1, "~": 2}), json!({"=": 2, "-": 3}));
         assert_eq!(apply(&json!("s"), &json!({})).unwrap(), json!("s"));
+    }
+
+    #[test]
+    fn lists_whose_items_come_and_go_are_spliced_from_the_old_one() {
+        let item = |i: u32| json!({"prefix": format!("p-{i:04}"), "tokens": i * 16});
+        let old: Vec<Value> = (0..300).map(item).collect();
+        // Two gone at the front, one changed in the middle, three new at the end.
+        let mut new: Vec<Value> = (2..300).map(item).collect();
+        new[100] = json!({"prefix": "changed", "tokens": 1});
+        new.extend((300..303).map(item));
+        let (old, new) = (Value::Array(old), Value::Array(new));
+        let patch = diff(&old, &new).unwrap();
+        assert!(patch.get("[").is_some(), "{patch}");
+        assert!(patch.to_string().len() < 300, "{patch}");
+        assert_eq!(apply(&old, &patch).unwrap(), new);
+        // Same length but shifted by one: a splice beats item patches.
+        let shifted = Value::Array((1..301).map(item).collect());
+        let patch = diff(&old, &shifted).unwrap();
+        assert!(patch.get("[").is_some(), "{patch}");
+        assert_eq!(apply(&old, &patch).unwrap(), shifted);
+        round_trip(json!([1, 2, 1, 2]), json!([2, 1, 2, 1, 1]));
+        round_trip(json!([]), json!([1]));
+        round_trip(json!([1]), json!([]));
+        for bad in [
+            json!({"[": [[5, 1]]}),
+            json!({"[": [[0]]}),
+            json!({"[": [3]}),
+        ] {
+            assert!(matches!(
+                apply(&json!([1, 2]), &bad),
+                Err(DeltaError::Malformed(_))
+            ));
+        }
     }
 
     #[test]

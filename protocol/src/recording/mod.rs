@@ -29,8 +29,10 @@
 //!   delta line of that key produced, or, when there is none since the last snapshot
 //!   line (a full line or a `route-gone` of the key drops it; at most 256 keys are kept,
 //!   least recently produced dropped first), the value the replaying model holds for
-//!   the key. Writer and reader follow the same rules over the same lines, so a reader
-//!   that starts at any snapshot decodes exactly what the writer wrote.
+//!   the key (a `feed-routes` key, the records of a router feed snapshot, always takes
+//!   the model's records of its source). Writer and reader follow the same rules over
+//!   the same lines, so a reader that starts at any snapshot decodes exactly what the
+//!   writer wrote.
 //! - A crash leaves at most one torn last line; readers drop it and say so.
 //! - Segments: `x.jsonl` is followed by `x.1.jsonl`, `x.2.jsonl`… after rotation; each
 //!   starts with a header and a snapshot (it replays on its own) and the one before it
