@@ -9,8 +9,9 @@
 //! The writer thread redacts each event ([`den_protocol::recording::redact`]), encodes it
 //! ([`codec`]), writes and flushes the line (a crash loses at most the line being
 //! written), and applies it to a model of its own — the model a replay rebuilds from the
-//! same lines. Every so often (by bytes written since the last one, at least as many as
-//! the last snapshot took, so snapshots stay under half the file) it writes that model
+//! same lines. Every so often (by bytes written since the last one, at least
+//! [`SnapshotPolicy::size_ratio`] times what the last snapshot took, so snapshots stay
+//! under a third of the file) it writes that model
 //! as a snapshot line and fsyncs: replay seeks to the nearest snapshot and plays forward
 //! from there. At the size limit it ends the segment and continues in the next file
 //! (`x.jsonl` → `x.1.jsonl` …), which starts with a header and a snapshot of its own,
@@ -45,9 +46,15 @@ pub const CHANNEL: usize = 8192;
 /// When the writer checkpoints its model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SnapshotPolicy {
-    /// Event bytes written since the last snapshot before the next one (at least the
-    /// size of the last snapshot, so that snapshots stay under half the recording).
+    /// Event bytes written since the last snapshot before the next one (at least
+    /// `size_ratio` times the size of the last snapshot).
     pub min_bytes: u64,
+    /// Snapshots take at most 1/(1 + size_ratio) of the recording: a busy router's
+    /// console model holds minutes of decision records, and snapshotting it after every
+    /// few seconds of events would make snapshots most of the file. A larger ratio
+    /// means more events to replay after a seek (2 keeps a seek in a 200 MB recording
+    /// well under a second; BENCHMARKS.md).
+    pub size_ratio: u64,
     /// A snapshot at least this often while events arrive (bounds the replay work of a
     /// seek in time as well as in bytes).
     pub max_interval_ms: u64,
@@ -57,6 +64,7 @@ impl Default for SnapshotPolicy {
     fn default() -> Self {
         SnapshotPolicy {
             min_bytes: 256 * 1024,
+            size_ratio: 2,
             max_interval_ms: 300_000,
         }
     }

@@ -85,6 +85,8 @@ impl Writer {
             deleted: Vec::new(),
         };
         writer.begin_segment().map_err(|e| writer.error(e))?;
+        // Sessions that crashed never swept: the limits hold from the start.
+        writer.sweep();
         Ok(writer)
     }
 
@@ -138,7 +140,10 @@ impl Writer {
             self.model.apply(&decoded);
         }
         let policy = self.config.snapshots;
-        let by_bytes = self.since_snapshot >= policy.min_bytes.max(self.last_snapshot_len);
+        let by_bytes = self.since_snapshot
+            >= policy
+                .min_bytes
+                .max(self.last_snapshot_len.saturating_mul(policy.size_ratio));
         let by_time = at.since(self.last_snapshot_at) >= policy.max_interval_ms;
         if by_bytes || by_time {
             self.snapshot(at)?;
