@@ -206,14 +206,32 @@ async fn demo(
     };
     eprintln!("den demo: router on {}", demo.router_url);
     if headless {
-        let report = tokio::task::spawn_blocking(move || {
+        // Recorded like the console would (on by default; --record PATH, --no-record).
+        let recording = match headless_recording(demo.settings(settings)) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("den demo: {e}");
+                let _ = tokio::task::spawn_blocking(move || demo.stop()).await;
+                return ExitCode::from(1);
+            }
+        };
+        let (report, demo) = tokio::task::spawn_blocking(move || {
             let r = demo.wait_workload();
-            demo.stop();
-            r
+            (r, demo)
         })
         .await
-        .ok()
-        .flatten();
+        .map_or((None, None), |(r, d)| (r, Some(d)));
+        if let Some((stop, task)) = recording {
+            let _ = stop.send(());
+            match task.await {
+                Ok(Ok(closed)) => eprintln!("den demo: {}", tui::describe_closed(&closed)),
+                Ok(Err(e)) => eprintln!("den demo: recording: {e}"),
+                Err(e) => eprintln!("den demo: recording: {e}"),
+            }
+        }
+        if let Some(demo) = demo {
+            let _ = tokio::task::spawn_blocking(move || demo.stop()).await;
+        }
         match report {
             Some(r) => {
                 print!("{}", r.summary());
@@ -235,4 +253,30 @@ async fn demo(
             }
         }
     }
+}
+
+type Recording = (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<
+        Result<Result<den_console::record::Closed, den_console::record::RecordError>, String>,
+    >,
+);
+
+/// Start recording the demo's router in the background, unless `--no-record`; stops
+/// when the sender is used or dropped.
+fn headless_recording(
+    settings: den_console::config::Settings,
+) -> Result<Option<Recording>, String> {
+    let Some(recorder) = tui::start_recorder(&settings).map_err(|e| e.to_string())? else {
+        return Ok(None);
+    };
+    eprintln!("den demo: recording to {}", recorder.path().display());
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        record::session::record_sources(&settings, recorder, async {
+            let _ = stop_rx.await;
+        })
+        .await
+    });
+    Ok(Some((stop_tx, task)))
 }

@@ -7,9 +7,17 @@ use std::time::{Duration, SystemTime};
 /// Extensions of recordings, longest first.
 const EXTENSIONS: &[&str] = &[".jsonl.zst", ".jsonl", ".zst"];
 
-/// `$XDG_DATA_HOME/den/recordings` (or the platform's data directory).
+/// The environment variable that overrides [`default_dir`] (scripts and tests point
+/// it at a directory of their own).
+pub const DIR_ENV: &str = "DEN_RECORDINGS_DIR";
+
+/// `$DEN_RECORDINGS_DIR`, else `$XDG_DATA_HOME/den/recordings` (the platform's data
+/// directory: `~/.local/share/den/recordings` on Linux).
 pub fn default_dir() -> Option<PathBuf> {
-    dirs::data_dir().map(|d| d.join("den").join("recordings"))
+    match std::env::var_os(DIR_ENV) {
+        Some(d) if !d.is_empty() => Some(PathBuf::from(d)),
+        _ => dirs::data_dir().map(|d| d.join("den").join("recordings")),
+    }
 }
 
 /// The default recording of a session started at `unix_ms` on `host`:

@@ -12,6 +12,7 @@ use den_protocol::session::SessionEvent;
 use crate::app::App;
 use crate::config::Settings;
 use crate::model::Model;
+use crate::record::{Closed, RecordError, Recorder};
 use crate::sources::{self, Clock, PollConfig};
 use crate::theme::Theme;
 use crate::tui::{Console, describe_closed, model_config, start_recorder};
@@ -46,27 +47,51 @@ pub async fn record(
         Err(e) => return fail(&e),
     };
     eprintln!("den record: recording to {}", recorder.path().display());
+    let deadline = duration.map(|d| tokio::time::Instant::now() + d);
+    let stop = async move {
+        tokio::select! {
+            _ = stop_signal() => {}
+            _ = sleep_until(deadline) => {}
+        }
+    };
+    match record_sources(&settings, recorder, stop).await {
+        Ok(closed) => {
+            eprintln!("den record: {}", describe_closed(&closed));
+            if closed.is_ok() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
+        Err(e) => fail(&e),
+    }
+}
+
+/// Record `settings`' sources with `recorder` until `stop` completes (or every source
+/// task ended), then close the recording. `den record` and `den demo --headless`.
+pub async fn record_sources(
+    settings: &Settings,
+    recorder: Recorder,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<Result<Closed, RecordError>, String> {
     let clock = Clock::new();
     let (tx, mut rx) = mpsc::channel::<SessionEvent>(4096);
     let poll = PollConfig {
         interval: settings.poll_interval,
         timeout: settings.request_timeout,
     };
-    let tasks = match sources::spawn_all(&settings.sources, settings.token.as_deref(), poll, &tx) {
-        Ok(t) => t,
-        Err(e) => return fail(&e),
-    };
+    let tasks = sources::spawn_all(&settings.sources, settings.token.as_deref(), poll, &tx)
+        .map_err(|e| e.to_string())?;
+    drop(tx);
     let mut console = Console::new(
         App::default(),
-        Model::new(model_config(&settings)),
+        Model::new(model_config(settings)),
         Theme::default(),
         Some(recorder),
     );
     for spec in &settings.sources {
         console.apply(clock.now(), sources::added(spec));
     }
-    let deadline = duration.map(|d| tokio::time::Instant::now() + d);
-    let stop = stop_signal();
     tokio::pin!(stop);
     loop {
         tokio::select! {
@@ -75,23 +100,15 @@ pub async fn record(
                 None => break,
             },
             _ = &mut stop => break,
-            _ = sleep_until(deadline) => break,
         }
     }
     for task in tasks {
         task.abort();
     }
-    match console.close_recording(clock.now()) {
-        Some(closed) => {
-            eprintln!("den record: {}", describe_closed(&closed));
-            if closed.is_ok() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(1)
-            }
-        }
-        None => ExitCode::from(1),
-    }
+    // The recorder is in the console: closing it cannot fail to find it.
+    console
+        .close_recording(clock.now())
+        .ok_or_else(|| "the recording was already closed".to_owned())
 }
 
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {
