@@ -26,9 +26,51 @@ fn den(args: &[&str]) -> (Option<i32>, String, String) {
     )
 }
 
+/// The real incident (`recordings/regenerate`: den-agent processes recorded by
+/// `den record`): the worker serving a stream is killed while a placement downloads to
+/// it, after a request it stopped answering fell back elsewhere.
+#[test]
+fn replay_summary_of_the_real_incident_names_the_killed_worker_the_failed_request_and_the_fallback()
+{
+    let incident = sample("incident.jsonl.zst");
+    let (code, out, err) = den(&["replay", incident.to_str().expect("path"), "--summary"]);
+    assert_eq!(code, Some(0), "{err}");
+    // Which worker served the stream is the router's choice: read it from the summary.
+    let killed = out
+        .lines()
+        .find_map(|l| {
+            l.split("] worker ")
+                .nth(1)?
+                .split_once(" gone: disconnected")
+        })
+        .map(|(w, _)| w.to_owned())
+        .unwrap_or_else(|| panic!("no worker left:\n{out}"));
+    assert!(killed.starts_with("gpu-"), "{killed}");
+    let failed = format!("request chat-stream-1 failed: worker {killed} became unavailable after");
+    assert!(out.contains(&failed), "{failed:?} missing:\n{out}");
+    let fallback = out
+        .lines()
+        .find_map(|l| l.split("request chat-followup-2 falls back to ").nth(1))
+        .unwrap_or_else(|| panic!("no fallback:\n{out}"));
+    assert!(
+        fallback.starts_with("gpu-") && fallback != killed,
+        "{fallback}"
+    );
+    let timed_out = format!("request chat-followup-2 attempt #1 on {killed}: timed out");
+    assert!(out.contains(&timed_out), "{timed_out:?} missing:\n{out}");
+    // The placement was downloading to the killed worker's node.
+    let placing = "(den/incident-chat) not ready: runner";
+    assert!(out.contains(placing), "{out}");
+    assert!(
+        out.contains(&format!("download on {killed}: ongoing")),
+        "{out}"
+    );
+}
+
+/// The synthetic incident (`recordings/synthetic/`), byte-for-byte reproducible.
 #[test]
 fn replay_summary_of_the_incident_names_the_killed_worker_the_failed_request_and_the_fallback() {
-    let incident = sample("incident.jsonl");
+    let incident = sample("synthetic/incident.jsonl");
     let path = incident.to_str().expect("utf-8 path");
     let (code, out, err) = den(&["replay", path, "--summary"]);
     assert_eq!(code, Some(0), "{err}");
@@ -57,7 +99,7 @@ fn replay_summary_of_the_incident_names_the_killed_worker_the_failed_request_and
 fn replay_refuses_what_it_cannot_read_in_one_line() {
     let dir = den_tests::temp_dir().expect("temp dir");
     let newer = dir.path().join("newer.jsonl");
-    let text = std::fs::read_to_string(sample("demo.jsonl")).expect("sample");
+    let text = std::fs::read_to_string(sample("synthetic/demo.jsonl")).expect("sample");
     std::fs::write(
         &newer,
         text.replacen("\"version\":\"1.0\"", "\"version\":\"2.3\"", 1),
@@ -77,7 +119,7 @@ fn replay_refuses_what_it_cannot_read_in_one_line() {
     assert_eq!(err.lines().count(), 1, "{err}");
     let (code, _, err) = den(&[
         "replay",
-        sample("demo.jsonl").to_str().expect("path"),
+        sample("synthetic/demo.jsonl").to_str().expect("path"),
         "--at",
         "soon",
     ]);

@@ -9,7 +9,7 @@ use super::{Replayer, summary};
 
 fn sample(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../recordings")
+        .join("../recordings/synthetic")
         .join(name)
 }
 
@@ -78,6 +78,26 @@ fn samples_replay_to_their_end_without_warnings() {
         assert!(r.ordinal() > 100, "{name}: {} events", r.ordinal());
         assert_eq!(r.warnings(), &super::Warnings::default(), "{name}");
         assert!(!r.model().routes().is_empty(), "{name}");
+    }
+}
+
+/// The real samples (a `den demo` session and the incident made by den-agent
+/// processes): compressed, they replay to their end without warnings.
+#[test]
+fn real_samples_replay_to_their_end_without_warnings() {
+    for name in ["demo.jsonl.zst", "incident.jsonl.zst"] {
+        let path = sample("../").join(name);
+        let mut r = Replayer::open(&path).unwrap();
+        assert!(r.end() > Millis(4_000), "{name}");
+        let end = r.end();
+        r.seek(end).unwrap();
+        assert!(r.ordinal() > 50, "{name}: {} events", r.ordinal());
+        assert_eq!(r.warnings(), &super::Warnings::default(), "{name}");
+        assert!(!r.model().routes().is_empty(), "{name}");
+        // Back to the middle and forward again: the same model as a straight replay.
+        r.seek(Millis(end.0 / 2)).unwrap();
+        r.seek(end).unwrap();
+        assert_eq!(r.warnings(), &super::Warnings::default(), "{name}");
     }
 }
 

@@ -17,7 +17,8 @@ use crate::testing;
 use crate::theme::Theme;
 
 fn replay() -> Replay {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../recordings/incident.jsonl");
+    let path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../recordings/synthetic/incident.jsonl");
     let r = Replayer::open(&path).unwrap();
     Replay::new(r, Theme::default(), "incident.jsonl".into(), 1.0)
 }
