@@ -198,7 +198,7 @@ fn bytes_per_hour() {
         }
         let closed = recorder.close(Millis(600_000)).expect("close");
         println!(
-            "den demo-like session, {name}: {} events, {} bytes in 10 min = {:.1} MB/hour",
+            "synthetic demo-like stream (far more repetitive than a real den demo: BENCHMARKS.md), {name}: {} events, {} bytes in 10 min = {:.1} MB/hour",
             closed.events,
             closed.bytes,
             closed.bytes as f64 * 6.0 / 1e6
