@@ -99,6 +99,35 @@ pub enum Sub {
     Cancel { request: String },
     /// Drain a den worker: no new offers, running work finishes.
     Drain { worker: String },
+    /// Record the configured sources without a terminal (for servers, scripts and
+    /// incident capture): every event the console would see, until DURATION passes or
+    /// SIGINT/SIGTERM. Prints the file on exit.
+    Record {
+        /// The recording (`.zst` at the end compresses); default: a new file under
+        /// $XDG_DATA_HOME/den/recordings.
+        file: Option<PathBuf>,
+        /// Stop after this long (e.g. 30s, 10m, 1h).
+        #[arg(long, value_name = "TIME")]
+        duration: Option<String>,
+    },
+    /// Replay a recording in the console's panels (space pause, ←/→ step, [/] ±10 s,
+    /// g go to a time, +/- speed, f find, n/N next/previous match), or print it.
+    Replay {
+        /// A recording file (any of its segments).
+        file: PathBuf,
+        /// Print the incident timeline instead of opening the console.
+        #[arg(long)]
+        summary: bool,
+        /// With --summary or --at: JSON instead of text.
+        #[arg(long)]
+        json: bool,
+        /// Print every panel as it was at TIME (e.g. 1m30s, 1:30, 90s).
+        #[arg(long, value_name = "TIME")]
+        at: Option<String>,
+        /// Initial playback speed (0.25 to 64).
+        #[arg(long, default_value_t = 1.0)]
+        speed: f64,
+    },
     /// Start a router, three workers and a synthetic workload on 127.0.0.1 inside this
     /// process and open the console on them (`--headless`: print a summary instead).
     Demo {
@@ -165,7 +194,11 @@ pub struct Settings {
     pub token: Option<String>,
     pub theme: String,
     pub read_only: bool,
+    /// `--record PATH` or the config file's `record`.
     pub record: Option<PathBuf>,
+    /// `--no-record`: record nothing (otherwise the console records to a new file under
+    /// the data directory when no path is given).
+    pub no_record: bool,
     pub poll_interval: Duration,
     pub request_timeout: Duration,
     pub stale_after_ms: u64,
@@ -179,6 +212,7 @@ impl std::fmt::Debug for Settings {
             .field("theme", &self.theme)
             .field("read_only", &self.read_only)
             .field("record", &self.record)
+            .field("no_record", &self.no_record)
             .finish()
     }
 }
@@ -270,6 +304,7 @@ pub fn resolve(args: &CommonArgs, file: FileConfig) -> Result<Settings, ConfigEr
             .unwrap_or_else(|| "dark".to_owned()),
         read_only: args.read_only || file.read_only,
         record,
+        no_record: args.no_record,
         poll_interval: Duration::from_millis(file.poll_interval_ms.unwrap_or(2_000).max(100)),
         request_timeout: Duration::from_millis(file.request_timeout_ms.unwrap_or(5_000).max(100)),
         stale_after_ms: file.stale_after_ms.unwrap_or(10_000),
@@ -355,6 +390,7 @@ mod tests {
         };
         let s = resolve(&args(&["--no-record"]), file).unwrap();
         assert_eq!(s.record, None);
+        assert!(s.no_record);
         assert!(!format!("{s:?}").contains("secret"));
         assert!(Cli::try_parse_from(["den", "--record", "a", "--no-record"]).is_err());
     }

@@ -15,6 +15,8 @@ pub mod fixtures;
 pub mod http;
 pub mod model;
 pub mod place;
+pub mod record;
+pub mod replay;
 pub mod theme;
 pub mod ui;
 

@@ -8,7 +8,8 @@ use clap::Parser;
 use den_console::app::Command;
 use den_console::config::{self, Cli, Sub};
 use den_console::demo::{Demo, DemoOptions};
-use den_console::{status, tui};
+use den_console::replay::summary;
+use den_console::{record, status, tui};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -44,7 +45,13 @@ fn main() -> ExitCode {
             },
             Some(Sub::Status { json, timeout }) => {
                 let timeout = Duration::from_secs_f64(timeout.clamp(0.1, 3600.0));
-                status::status(&settings, json, timeout).await
+                // A one-shot status records only when asked on the command line.
+                let record = cli
+                    .common
+                    .record
+                    .as_deref()
+                    .filter(|_| !cli.common.no_record);
+                status::status(&settings, json, timeout, record).await
             }
             Some(Sub::Place {
                 model,
@@ -66,6 +73,26 @@ fn main() -> ExitCode {
             Some(Sub::Drain { worker }) => {
                 status::command(&settings, Command::Drain { worker }, false).await
             }
+            Some(Sub::Record { file, duration }) => {
+                record::session::record(&settings, file, duration.as_deref()).await
+            }
+            Some(Sub::Replay {
+                file,
+                summary: want_summary,
+                json,
+                at,
+                speed,
+            }) => {
+                replay(
+                    &file,
+                    want_summary,
+                    json,
+                    at.as_deref(),
+                    speed,
+                    &settings.theme,
+                )
+                .await
+            }
             Some(Sub::Demo {
                 headless,
                 duration,
@@ -73,6 +100,49 @@ fn main() -> ExitCode {
             }) => demo(&settings, headless, duration, workers).await,
         }
     })
+}
+
+/// `den replay`: interactive, `--summary` or `--at`.
+async fn replay(
+    file: &std::path::Path,
+    want_summary: bool,
+    json: bool,
+    at: Option<&str>,
+    speed: f64,
+    theme: &str,
+) -> ExitCode {
+    let out = if let Some(at) = at {
+        let t = match den_protocol::recording::parse_offset(at) {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("den replay: --at {e}");
+                return ExitCode::from(1);
+            }
+        };
+        summary::at(file, t, json)
+    } else if want_summary {
+        summary::summarise(file).map(|s| {
+            if json {
+                serde_json::to_string_pretty(&s).unwrap_or_default()
+            } else {
+                summary::text(&s)
+            }
+        })
+    } else {
+        return den_console::replay::tui::run(file, speed, theme).await;
+    };
+    match out {
+        Ok(text) => {
+            use std::io::Write;
+            // A closed pipe (`| head`) is not an error worth a panic.
+            let _ = writeln!(std::io::stdout().lock(), "{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("den replay: {e}");
+            ExitCode::from(1)
+        }
+    }
 }
 
 /// Asks before a placement is submitted (placements start downloads and claim memory).
@@ -136,14 +206,32 @@ async fn demo(
     };
     eprintln!("den demo: router on {}", demo.router_url);
     if headless {
-        let report = tokio::task::spawn_blocking(move || {
+        // Recorded like the console would (on by default; --record PATH, --no-record).
+        let recording = match headless_recording(demo.settings(settings)) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("den demo: {e}");
+                let _ = tokio::task::spawn_blocking(move || demo.stop()).await;
+                return ExitCode::from(1);
+            }
+        };
+        let (report, demo) = tokio::task::spawn_blocking(move || {
             let r = demo.wait_workload();
-            demo.stop();
-            r
+            (r, demo)
         })
         .await
-        .ok()
-        .flatten();
+        .map_or((None, None), |(r, d)| (r, Some(d)));
+        if let Some((stop, task)) = recording {
+            let _ = stop.send(());
+            match task.await {
+                Ok(Ok(closed)) => eprintln!("den demo: {}", tui::describe_closed(&closed)),
+                Ok(Err(e)) => eprintln!("den demo: recording: {e}"),
+                Err(e) => eprintln!("den demo: recording: {e}"),
+            }
+        }
+        if let Some(demo) = demo {
+            let _ = tokio::task::spawn_blocking(move || demo.stop()).await;
+        }
         match report {
             Some(r) => {
                 print!("{}", r.summary());
@@ -165,4 +253,30 @@ async fn demo(
             }
         }
     }
+}
+
+type Recording = (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<
+        Result<Result<den_console::record::Closed, den_console::record::RecordError>, String>,
+    >,
+);
+
+/// Start recording the demo's router in the background, unless `--no-record`; stops
+/// when the sender is used or dropped.
+fn headless_recording(
+    settings: den_console::config::Settings,
+) -> Result<Option<Recording>, String> {
+    let Some(recorder) = tui::start_recorder(&settings).map_err(|e| e.to_string())? else {
+        return Ok(None);
+    };
+    eprintln!("den demo: recording to {}", recorder.path().display());
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        record::session::record_sources(&settings, recorder, async {
+            let _ = stop_rx.await;
+        })
+        .await
+    });
+    Ok(Some((stop_tx, task)))
 }

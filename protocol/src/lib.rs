@@ -22,6 +22,7 @@
 //! - [`placement`]: the exact-placement workflow (fence, submit, reconcile, probe);
 //! - [`feed`]: the console feed a den router streams to consoles;
 //! - [`session`]: the console's stamped input events (what recordings store);
+//! - [`recording`]: the recording file format (header, lines, version policy, redaction);
 //! - [`fleet`]: the fleet simulator that compares routing policies on production traces.
 
 pub mod calibration;
@@ -38,6 +39,7 @@ pub mod ids;
 pub mod observation;
 pub mod placement;
 pub mod pool;
+pub mod recording;
 pub mod request;
 pub mod router;
 pub mod session;

@@ -7,6 +7,8 @@
 //! - [`script`], [`fixture_server`] and [`fixture_client`]: the Skulk-compatible fixture
 //!   server (`skulk-fixture-server --script FILE [--listen ADDR] [--var NAME=VALUE]...`),
 //!   its script format, and [`FixtureServer`] to start it and read back what it received.
+//! - [`router_stub`]: an in-process den router stand-in (console feed WebSocket plus
+//!   `/node_id` and `/state`) for console and recording tests.
 //! - [`agents`]: starting den's router and workers for end-to-end tests.
 //! - [`manage`]: model artifacts, catalog cards and a client of the router's management
 //!   API for its end-to-end tests.
@@ -31,6 +33,8 @@ pub mod fixture_client;
 pub mod fixture_server;
 pub mod manage;
 pub mod process;
+pub mod recording;
+pub mod router_stub;
 pub mod s3;
 pub mod script;
 
@@ -45,6 +49,7 @@ pub use process::{
     ChildGuard, binary, binary_path, cargo_build, parse_listening, spawn_listening, target_dir,
     workspace_dir,
 };
+pub use router_stub::RouterStub;
 
 /// How often the wait helpers look again.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(10);

@@ -72,6 +72,9 @@ pub struct App {
     pub read_only: bool,
     /// Where the session is recorded, if it is.
     pub recording: Option<String>,
+    /// Set when the panels show a recording (`den replay`): commands are refused and the
+    /// header says so.
+    pub replay: Option<String>,
     /// Palette history, oldest first.
     pub history: Vec<String>,
     pub flash: Option<Flash>,
@@ -98,6 +101,7 @@ impl App {
             mode: Mode::Normal,
             read_only,
             recording,
+            replay: None,
             history: Vec::new(),
             flash: None,
             running: true,
@@ -282,6 +286,12 @@ impl App {
                 return vec![Effect::Quit];
             }
             Command::Theme(name) => return vec![Effect::Theme(name)],
+            command if self.replay.is_some() => {
+                self.flash = Some(Flash {
+                    level: Level::Warn,
+                    text: format!("replay: `{command}` refused: commands are disabled in a replay"),
+                });
+            }
             command if self.read_only => {
                 let text = format!(
                     "read-only mode: `{command}` refused (den was started with --read-only)"

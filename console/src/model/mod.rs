@@ -12,6 +12,7 @@
 //! deadlines): the Nodes, Downloads and Instances panels show what it concludes instead
 //! of re-deriving it. The den console feed gives the Pages and Routes panels.
 
+mod checkpoint;
 mod cluster;
 mod feed;
 mod log;
@@ -31,11 +32,12 @@ use den_protocol::session::{
 use den_protocol::skulk::{InstanceId, State};
 use den_protocol::time::Millis;
 
+pub use checkpoint::{Checkpoint, CheckpointError};
 pub use log::short;
 pub use rows::*;
 
 /// Tunables of the model.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ModelConfig {
     /// A value older than this is drawn aged; evidence older than this expires.
     pub stale_after_ms: u64,
@@ -78,7 +80,7 @@ pub struct Versions {
 }
 
 /// One command the operator issued, and how it went.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct CommandTrack {
     pub text: String,
     pub issued_at: Millis,
@@ -86,7 +88,7 @@ pub struct CommandTrack {
     pub outcome: Option<(CommandStatus, String)>,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 struct SourceTrack {
     kind: SourceKind,
     url: String,
@@ -102,7 +104,7 @@ struct SourceTrack {
     state_at: Option<Millis>,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 struct WorkerTrack {
     observation: Box<Observation>,
     received_at: Millis,
@@ -171,6 +173,11 @@ pub struct Model {
     now: Millis,
     sources: BTreeMap<SourceId, SourceTrack>,
     evidence: EvidenceReducer,
+    /// When the evidence reducer last took an input: the report is computed as of this
+    /// time, so that the rows depend only on the events applied, never on when
+    /// [`Model::settle`] happened to run (a replay settles at other moments than the
+    /// live console did and must draw the same rows).
+    evidence_at: Option<Millis>,
     report: Option<EvidenceReport>,
     workers: BTreeMap<(SourceId, WorkerId), WorkerTrack>,
     routes: Indexed<(SourceId, RequestId), RouteRow>,
@@ -205,6 +212,7 @@ impl Model {
             now: Millis::ZERO,
             sources: BTreeMap::new(),
             evidence,
+            evidence_at: None,
             report: None,
             workers: BTreeMap::new(),
             routes: Indexed::default(),
@@ -259,6 +267,7 @@ impl Model {
                 instance,
                 outcome,
             } => {
+                self.evidence_at = Some(at);
                 self.evidence.handle(
                     at,
                     Input::Probe {
@@ -321,7 +330,8 @@ impl Model {
     pub fn settle(&mut self) {
         if self.cluster_dirty {
             self.cluster_dirty = false;
-            self.report = Some(self.evidence.report(self.now));
+            let at = self.evidence_at.unwrap_or(self.now);
+            self.report = Some(self.evidence.report(at));
             self.rebuild_cluster();
             self.workers_dirty = true;
         }
@@ -382,6 +392,13 @@ impl Model {
             .evidence
             .latest_state(&EndpointLabel::new(source.as_str()))?;
         Some((at, state))
+    }
+
+    /// The latest observation of a worker in a source's feed (also after it left).
+    pub fn observation(&self, source: &SourceId, worker: &WorkerId) -> Option<&Observation> {
+        self.workers
+            .get(&(source.clone(), worker.clone()))
+            .map(|t| t.observation.as_ref())
     }
 
     /// How to show a node in narrow places: its friendly name when a source reports one,

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use den_protocol::candidate::Tier;
 use den_protocol::decision::DecisionRecord;
@@ -19,7 +19,7 @@ use den_protocol::session::{SourceId, SourceKind};
 use den_protocol::time::Millis;
 
 /// How healthy something is, for colour and for the problem counts of the panel tabs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Level {
     Good,
@@ -102,7 +102,7 @@ impl Evidence {
 }
 
 /// A source's connection as the console sees it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "state", rename_all = "kebab-case")]
 pub enum Health {
     /// Configured; nothing heard yet.
@@ -374,7 +374,7 @@ pub struct RouteRow {
 }
 
 /// One line of the Events panel.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EventLine {
     /// Position in the session's log (1, 2, …).
     pub seq: u64,

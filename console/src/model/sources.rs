@@ -42,6 +42,8 @@ impl Model {
         track.kind = kind;
         track.url = url.to_owned();
         track.feed = (kind == SourceKind::DenRouter).then_some(Health::Connecting);
+        self.evidence_at = Some(at);
+        self.cluster_dirty = true;
         self.evidence.handle(
             at,
             Input::Endpoint {
@@ -118,6 +120,7 @@ impl Model {
         track.last_ok = Some(at);
         track.state_at = Some(at);
         let node_id = track.pending_node.take();
+        self.evidence_at = Some(at);
         let notices = self.evidence.handle(
             at,
             Input::Poll(PollObservation {
@@ -211,6 +214,7 @@ impl Model {
             reason: failure.to_string(),
         };
         let node_id = track.pending_node.take();
+        self.evidence_at = Some(at);
         let notices = self.evidence.handle(
             at,
             Input::Poll(PollObservation {

@@ -44,6 +44,15 @@ pub struct Gathered {
 /// Connect every source and apply what they say until each answered (or failed) once,
 /// or `timeout` passed.
 pub async fn gather(settings: &Settings, timeout: Duration) -> Result<Gathered, String> {
+    gather_recording(settings, timeout, None).await
+}
+
+/// [`gather`], recording what was gathered to `record` (`den status --record PATH`).
+pub async fn gather_recording(
+    settings: &Settings,
+    timeout: Duration,
+    record: Option<&std::path::Path>,
+) -> Result<Gathered, String> {
     if settings.sources.is_empty() {
         return Err(
             "no sources: pass --router URL or --skulk URL (or set DEN_ROUTER / DEN_SKULK)"
@@ -63,8 +72,23 @@ pub async fn gather(settings: &Settings, timeout: Duration) -> Result<Gathered, 
         stale_after_ms: settings.stale_after_ms,
         ..ModelConfig::default()
     });
+    let recorder = match record {
+        Some(path) => {
+            let mut s = settings.clone();
+            s.record = Some(path.to_path_buf());
+            s.no_record = false;
+            crate::tui::start_recorder(&s).map_err(|e| e.to_string())?
+        }
+        None => None,
+    };
+    let apply = |model: &mut Model, stamped: Stamped| {
+        if let Some(r) = &recorder {
+            r.record(&stamped);
+        }
+        model.apply(&stamped);
+    };
     for spec in &settings.sources {
-        model.apply(&Stamped::new(clock.now(), sources::added(spec)));
+        apply(&mut model, Stamped::new(clock.now(), sources::added(spec)));
     }
     let kinds: BTreeMap<SourceId, SourceKind> = settings
         .sources
@@ -105,10 +129,16 @@ pub async fn gather(settings: &Settings, timeout: Duration) -> Result<Gathered, 
             }
             _ => {}
         }
-        model.apply(&Stamped::new(clock.now(), event));
+        apply(&mut model, Stamped::new(clock.now(), event));
     }
     for task in tasks {
         task.abort();
+    }
+    if let Some(r) = recorder {
+        eprintln!(
+            "den status: {}",
+            crate::tui::describe_closed(&r.close(model.now()))
+        );
     }
     model.settle();
     let mut answered = BTreeSet::new();
@@ -159,8 +189,13 @@ struct Snapshot<'a> {
 }
 
 /// `den status`.
-pub async fn status(settings: &Settings, json: bool, timeout: Duration) -> ExitCode {
-    let gathered = match gather(settings, timeout).await {
+pub async fn status(
+    settings: &Settings,
+    json: bool,
+    timeout: Duration,
+    record: Option<&std::path::Path>,
+) -> ExitCode {
+    let gathered = match gather_recording(settings, timeout, record).await {
         Ok(g) => g,
         Err(e) => {
             eprintln!("den status: {e}");

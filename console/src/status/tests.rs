@@ -150,6 +150,7 @@ fn settings(sources: Vec<SourceSpec>, token: Option<&str>) -> Settings {
         theme: "dark".into(),
         read_only: false,
         record: None,
+        no_record: true,
         poll_interval: Duration::from_millis(200),
         request_timeout: Duration::from_secs(2),
         stale_after_ms: 10_000,

@@ -26,7 +26,19 @@ use columns::problems;
 
 /// Draw one frame.
 pub fn draw(frame: &mut Frame<'_>, app: &App, model: &Model, theme: &Theme, now: Millis) {
-    let area = frame.area();
+    draw_in(frame, frame.area(), app, model, theme, now);
+}
+
+/// Draw the console into `area` of the frame (`den replay` keeps rows below it for its
+/// timeline).
+pub fn draw_in(
+    frame: &mut Frame<'_>,
+    area: Rect,
+    app: &App,
+    model: &Model,
+    theme: &Theme,
+    now: Millis,
+) {
     frame.render_widget(Block::new().style(theme.base()), area);
     let [header, tabs, body, footer] = Layout::vertical([
         Constraint::Length(1),
@@ -85,15 +97,22 @@ fn draw_header(
         ));
         right.push(Span::raw(" "));
     }
-    match &app.recording {
-        Some(path) => {
+    match (&app.replay, &app.recording) {
+        (Some(file), _) => {
+            right.push(Span::styled(
+                "▶ REPLAY ",
+                theme.level(Level::Info).add_modifier(Modifier::BOLD),
+            ));
+            right.push(Span::styled(file.clone(), theme.dim()));
+        }
+        (None, Some(path)) => {
             right.push(Span::styled(
                 "● REC ",
                 theme.level(Level::Bad).add_modifier(Modifier::BOLD),
             ));
             right.push(Span::styled(path.clone(), theme.dim()));
         }
-        None => right.push(Span::styled("not recording", theme.dim())),
+        (None, None) => right.push(Span::styled("not recording", theme.dim())),
     }
     right.push(Span::styled(
         format!(" {} ", cells::clock(now)),

@@ -96,7 +96,7 @@ pub struct DownloadEvidence {
     pub other_artifacts: u32,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct Sample {
     pub phase: DownloadPhase,
     pub state: DownloadState,
@@ -132,7 +132,7 @@ impl Sample {
     }
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct AttemptRecord {
     sample: Sample,
     /// A second, different terminal outcome for the same attempt.
@@ -140,14 +140,14 @@ struct AttemptRecord {
     late_transients: u32,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct LegacySample {
     sample: Sample,
     dialect_has_attempts: bool,
 }
 
 /// Everything observed about one (node, artifact key).
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub(crate) struct DownloadTrack {
     attempts: BTreeMap<AttemptId, AttemptRecord>,
     /// Attempt ids in order of first observation; the last is the current attempt.

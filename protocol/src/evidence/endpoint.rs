@@ -46,7 +46,7 @@ impl Freshness {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub(crate) struct EndpointTrack {
     pub expected: Option<NodeId>,
     pub bound: Option<NodeId>,

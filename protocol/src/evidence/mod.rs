@@ -209,7 +209,7 @@ pub enum Notice {
     },
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct InstanceTrack {
     first_seen: Millis,
     hard_expiry: Option<Millis>,
@@ -242,11 +242,13 @@ impl InstanceTrack {
     }
 }
 
-/// The reducer. Deterministic: ordered maps only.
-#[derive(Debug, Clone, PartialEq)]
+/// The reducer. Deterministic: ordered maps only. Serialisable so that a console
+/// recording can checkpoint it (a restored reducer behaves exactly like the original).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EvidenceReducer {
     config: EvidenceConfig,
     endpoints: BTreeMap<EndpointLabel, EndpointTrack>,
+    #[serde(with = "pairs")]
     downloads: BTreeMap<(NodeId, ArtifactKey), DownloadTrack>,
     instances: BTreeMap<InstanceId, InstanceTrack>,
 }
@@ -565,5 +567,32 @@ fn probe_reasons(
             }],
         },
         _ => vec![Reason::ProbeMissing],
+    }
+}
+
+/// A map with tuple keys as a JSON list of `[key, value]` pairs (JSON object keys must
+/// be strings).
+mod pairs {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<K, V, S>(map: &BTreeMap<K, V>, serializer: S) -> Result<S::Ok, S::Error>
+    where
+        K: Serialize,
+        V: Serialize,
+        S: Serializer,
+    {
+        serializer.collect_seq(map.iter())
+    }
+
+    pub fn deserialize<'de, K, V, D>(deserializer: D) -> Result<BTreeMap<K, V>, D::Error>
+    where
+        K: Deserialize<'de> + Ord,
+        V: Deserialize<'de>,
+        D: Deserializer<'de>,
+    {
+        let pairs: Vec<(K, V)> = Vec::deserialize(deserializer)?;
+        Ok(pairs.into_iter().collect())
     }
 }

@@ -104,7 +104,7 @@ impl fmt::Display for Verdict {
 }
 
 /// Where an instance is in its readiness life.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) enum Phase {
     /// Waiting for first readiness until `deadline`.
     Initial {
