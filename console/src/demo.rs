@@ -197,6 +197,11 @@ async fn start_cluster(
         token: Token::new(token),
         chunk_size: 64,
         catalog: Arc::new(catalog),
+        // A minute of finished decision records is plenty to look at in a demo, and the
+        // router, the console's Routes panel and the recorder's delta bases each hold
+        // every retained record (≈ 27 KB with its candidates): at the demo's ~10 requests
+        // a second the default 5 minutes grows the process by hundreds of MB.
+        retention: Duration::from_secs(60),
         ..RouterOptions::default()
     };
     let listener = RouterServer::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
