@@ -13,9 +13,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use sha2::{Digest, Sha256};
-
 use den_tests::agents::{Worker, body, prompt, start_router, start_worker};
+use den_tests::manage::{ArtifactFile, card, write_files};
 use den_tests::recording::den_binary;
 
 const SLOW: &[&str] = &[
@@ -190,22 +189,25 @@ fn wait_child(child: &mut Child, deadline: Instant) -> Option<i32> {
 fn write_catalog(dir: &Path) -> Result<PathBuf, String> {
     let artifacts = dir.join("artifacts");
     let cards = dir.join("catalog");
-    std::fs::create_dir_all(&artifacts).map_err(|e| e.to_string())?;
     std::fs::create_dir_all(&cards).map_err(|e| e.to_string())?;
-    let config = b"{\"architecture\": \"den-synthetic\", \"layers\": 2}\n".to_vec();
-    let weights = vec![0u8; 256 << 20];
-    let mut files = String::new();
-    for (name, bytes) in [("config.json", &config), ("weights.bin", &weights)] {
-        std::fs::write(artifacts.join(name), bytes).map_err(|e| e.to_string())?;
-        let sha = hex::encode(Sha256::digest(bytes));
-        files.push_str(&format!(
-            "\n[[files]]\npath = \"{name}\"\nbytes = {}\nsha256 = \"{sha}\"\n",
-            bytes.len()
-        ));
-    }
-    let card = format!(
-        "model_id = \"den/incident-chat\"\nregistry_card_id = \"den-registry:incident-chat:v1\"\nfamily = \"den-synthetic\"\nquantization = \"bf16\"\nsource = \"file://{}\"\ncontext_length = 4096\nbackends = [\"host\", \"cuda\"]\nrequired_capabilities = [\"text-generation\"]\n\n[kv]\nlayers = 2\nkv_heads = 2\nhead_dim = 64\ndtype = \"bf16\"\n{files}",
-        artifacts.display()
+    let files = [
+        ArtifactFile {
+            path: "config.json".into(),
+            bytes: b"{\"architecture\": \"den-synthetic\", \"layers\": 2}\n".to_vec(),
+        },
+        ArtifactFile {
+            path: "weights.bin".into(),
+            bytes: vec![0u8; 256 << 20],
+        },
+    ];
+    write_files(&artifacts, &files);
+    let source = format!("file://{}", artifacts.display());
+    let card = card(
+        "den/incident-chat",
+        Some("den-registry:incident-chat:v1"),
+        &source,
+        None,
+        &files,
     );
     std::fs::write(cards.join("incident-chat.toml"), card).map_err(|e| e.to_string())?;
     Ok(cards)
