@@ -227,6 +227,18 @@ pub const BASE_WORKER_ARGS: &[&str] = &[
     "127.0.0.1:0",
 ];
 
+/// Declared engine costs that make a cache hit unmistakable: 4 ms per uncached prompt
+/// token (a 100-token prompt is ~400 ms of prefill, a hit a few ms), 2 ms to the first
+/// token, 1 ms per further token.
+pub const SLOW_PREFILL: &[&str] = &[
+    "--prefill-ms-per-token",
+    "4",
+    "--first-token-ms",
+    "2",
+    "--decode-ms-per-token",
+    "1",
+];
+
 /// Start a worker `name` connected to `router`, with the base arguments, a fault-admin
 /// endpoint when `fault`, and `extra` arguments (later flags win).
 pub fn start_worker(router: &Router, name: &str, fault: bool, extra: &[&str]) -> Worker {

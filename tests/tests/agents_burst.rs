@@ -6,18 +6,11 @@ use std::collections::BTreeMap;
 
 use futures_util::future::join_all;
 
-use den_tests::agents::{body, prompt, start_router, start_worker};
+use den_tests::agents::{SLOW_PREFILL, body, prompt, start_router, start_worker};
 
 /// 100 distinct uncached tokens at 4 ms each: every request of the burst is ~400 ms of
 /// prefill, so none completes (and no eager heartbeat follows) while the burst arrives.
-const COSTS: &[&str] = &[
-    "--prefill-ms-per-token",
-    "4",
-    "--first-token-ms",
-    "2",
-    "--decode-ms-per-token",
-    "1",
-];
+const COSTS: &[&str] = SLOW_PREFILL;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_a_burst_between_heartbeats_spreads_over_the_workers() {

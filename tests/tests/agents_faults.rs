@@ -8,17 +8,11 @@
 use std::time::Duration;
 
 use den_tests::agents::{
-    Router, Worker, body, metric, metric_sum, prompt, start_router, start_worker, wait_for,
+    Router, SLOW_PREFILL, Worker, body, metric, metric_sum, prompt, start_router, start_worker,
+    wait_for,
 };
 
-const COSTS: &[&str] = &[
-    "--prefill-ms-per-token",
-    "4",
-    "--first-token-ms",
-    "2",
-    "--decode-ms-per-token",
-    "1",
-];
+const COSTS: &[&str] = SLOW_PREFILL;
 
 /// Router + w-a + w-b with a shared object store; w-a has served (and checkpointed)
 /// `tokens`, and its resident copy is evicted, so the next request for the same prefix

@@ -4,18 +4,11 @@
 
 use std::time::Duration;
 
-use den_tests::agents::{body, metric, prompt, start_router, start_worker, wait_for};
+use den_tests::agents::{SLOW_PREFILL, body, metric, prompt, start_router, start_worker, wait_for};
 
 /// Prefill is declared expensive (4 ms per uncached token) so a cache hit is
 /// unmistakable: a 100-token prompt costs ~400 ms to prefill, a hit a few ms.
-const COSTS: &[&str] = &[
-    "--prefill-ms-per-token",
-    "4",
-    "--first-token-ms",
-    "2",
-    "--decode-ms-per-token",
-    "1",
-];
+const COSTS: &[&str] = SLOW_PREFILL;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_request_served_then_prefix_reused_from_gpu_and_ram() {
