@@ -78,11 +78,7 @@ async fn client_disconnect_before_the_first_token_cancels_exactly_once() {
     });
     let server = serve(vec![late], IngressConfig::default()).await;
     for stream in [true, false] {
-        let c = reqwest::Client::builder()
-            .no_proxy()
-            .timeout(Duration::from_millis(300))
-            .build()
-            .unwrap();
+        let c = client_with_timeout(Duration::from_millis(300));
         let before = server.fake.submitted().len();
         let err = c
             .post(server.url("/v1/chat/completions"))
@@ -108,11 +104,7 @@ async fn client_disconnect_before_the_first_token_cancels_exactly_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_disconnect_during_a_non_streamed_generation_cancels() {
     let server = serve(vec![slow_model("slow", 10)], IngressConfig::default()).await;
-    let c = reqwest::Client::builder()
-        .no_proxy()
-        .timeout(Duration::from_millis(200))
-        .build()
-        .unwrap();
+    let c = client_with_timeout(Duration::from_millis(200));
     let err = c
         .post(server.url("/v1/completions"))
         .json(&json!({"model": "slow", "prompt": "the", "max_tokens": 1000}))

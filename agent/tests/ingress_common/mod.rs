@@ -61,10 +61,17 @@ pub async fn serve(models: Vec<FakeModel>, config: IngressConfig) -> Server {
 }
 
 pub fn client() -> reqwest::Client {
+    client_with_timeout(Duration::from_secs(30))
+}
+
+/// A client that gives up after `timeout` (to play a client that disconnects). Installs
+/// the rustls provider first: tests run in parallel, so none may rely on another test
+/// having installed it.
+pub fn client_with_timeout(timeout: Duration) -> reqwest::Client {
     let _ = rustls::crypto::ring::default_provider().install_default();
     reqwest::Client::builder()
         .no_proxy()
-        .timeout(Duration::from_secs(30))
+        .timeout(timeout)
         .build()
         .unwrap()
 }
