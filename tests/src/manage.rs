@@ -60,6 +60,41 @@ pub fn file_in(dir: &Path, file: &ArtifactFile) -> PathBuf {
         .fold(dir.to_path_buf(), |p, s| p.join(s))
 }
 
+/// A one-card catalog written by [`local_catalog`].
+pub struct LocalCatalog {
+    /// The catalog directory (for `--catalog`).
+    pub dir: PathBuf,
+    /// Where the artifact files are.
+    pub source: PathBuf,
+    /// Their `file://` URL (for more cards of the same files).
+    pub url: String,
+}
+
+/// A one-card catalog under `dir`: `files` written to `dir/tiny`, the card of `model`
+/// serving them from there (`file://…`) at `dir/catalog/tiny.toml`.
+pub fn local_catalog(
+    dir: &Path,
+    model: &str,
+    registry_card_id: Option<&str>,
+    files: &[ArtifactFile],
+) -> LocalCatalog {
+    let source = dir.join("tiny");
+    write_files(&source, files);
+    let catalog = dir.join("catalog");
+    std::fs::create_dir_all(&catalog).expect("mkdir catalog");
+    let url = format!("file://{}", source.display());
+    std::fs::write(
+        catalog.join("tiny.toml"),
+        card(model, registry_card_id, &url, None, files),
+    )
+    .expect("write card");
+    LocalCatalog {
+        dir: catalog,
+        source,
+        url,
+    }
+}
+
 /// A catalog card (TOML) for `files` at `source`: 4 layers × 2 KV heads × 32 × bf16
 /// (1 KiB of KV per token), context 2048.
 pub fn card(

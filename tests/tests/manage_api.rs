@@ -11,7 +11,7 @@ use den_protocol::ids::NodeId;
 use den_protocol::skulk::api::{CreateInstanceResponse, DeleteInstanceResponse, MemoryEstimate};
 use den_protocol::skulk::{CommandOutcome, DownloadProgress, RunnerStatus};
 use den_tests::agents::{client, start_router, start_worker};
-use den_tests::manage::{Mgmt, artifact, card, downloads_of, instance_ids, write_files};
+use den_tests::manage::{Mgmt, artifact, card, downloads_of, instance_ids, local_catalog};
 
 const TOKEN: &str = "manage-secret";
 const MODEL: &str = "den/tiny-chat";
@@ -21,22 +21,18 @@ const SIZED: &str = "den/sized-chat";
 async fn manage_api_state_previews_requirements_commands_and_auth() {
     let assets = tempfile::tempdir().unwrap();
     let files = artifact(1, 300_000);
-    let source = assets.path().join("tiny");
-    write_files(&source, &files);
-    let catalog = assets.path().join("catalog");
-    std::fs::create_dir_all(&catalog).unwrap();
-    let url = format!("file://{}", source.display());
+    let local = local_catalog(
+        assets.path(),
+        MODEL,
+        Some("den-registry:tiny-chat:v1"),
+        &files,
+    );
     std::fs::write(
-        catalog.join("tiny.toml"),
-        card(MODEL, Some("den-registry:tiny-chat:v1"), &url, None, &files),
+        local.dir.join("sized.toml"),
+        card(SIZED, None, &local.url, Some("64MiB"), &files),
     )
     .unwrap();
-    std::fs::write(
-        catalog.join("sized.toml"),
-        card(SIZED, None, &url, Some("64MiB"), &files),
-    )
-    .unwrap();
-    let catalog_arg = catalog.display().to_string();
+    let catalog_arg = local.dir.display().to_string();
     let router = start_router(
         Some(TOKEN),
         &["--catalog", &catalog_arg, "--name", "mgmt-router"],

@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use den_tests::agents::{Router, start_router, start_worker};
-use den_tests::manage::{Mgmt, artifact, card, write_files};
+use den_tests::manage::{Mgmt, artifact, local_catalog};
 use den_tests::{binary, cargo_build};
 
 const TOKEN: &str = "console-secret";
@@ -71,22 +71,13 @@ fn json_of(run: &Run) -> Value {
 async fn manage_den_place_then_status_ready_then_delete() {
     let assets = tempfile::tempdir().unwrap();
     let files = artifact(5, 1_000_000);
-    let source = assets.path().join("tiny");
-    write_files(&source, &files);
-    let catalog = assets.path().join("catalog");
-    std::fs::create_dir_all(&catalog).unwrap();
-    std::fs::write(
-        catalog.join("tiny.toml"),
-        card(
-            MODEL,
-            Some("den-registry:tiny-chat:v1"),
-            &format!("file://{}", source.display()),
-            None,
-            &files,
-        ),
-    )
-    .unwrap();
-    let catalog_arg = catalog.display().to_string();
+    let local = local_catalog(
+        assets.path(),
+        MODEL,
+        Some("den-registry:tiny-chat:v1"),
+        &files,
+    );
+    let catalog_arg = local.dir.display().to_string();
     let router = start_router(Some(TOKEN), &["--catalog", &catalog_arg]);
     let _w1 = start_worker(&router, "w1", false, &[]);
     let _w2 = start_worker(&router, "w2", false, &[]);

@@ -17,7 +17,7 @@ use den_protocol::skulk::api::CreateInstanceResponse;
 use den_protocol::skulk::{AttemptId, CommandOutcome, DownloadProgress, InstanceId, State};
 use den_tests::agents::{Router, client, start_router, start_worker, start_worker_env};
 use den_tests::manage::{
-    Mgmt, artifact, card, downloads_of, file_in, instance_ids, upload_s3, write_files,
+    Mgmt, artifact, card, downloads_of, file_in, instance_ids, local_catalog, upload_s3,
 };
 use den_tests::s3::TestS3;
 
@@ -72,22 +72,13 @@ async fn chat(router: &Router, pin: Option<&str>) -> Value {
 async fn manage_file_source_checksum_failure_then_retry_with_a_new_attempt() {
     let assets = tempfile::tempdir().unwrap();
     let files = artifact(3, 2_500_000);
-    let source = assets.path().join("tiny");
-    write_files(&source, &files);
-    let catalog = assets.path().join("catalog");
-    std::fs::create_dir_all(&catalog).unwrap();
-    std::fs::write(
-        catalog.join("tiny.toml"),
-        card(
-            MODEL,
-            Some("den-registry:tiny-chat:v1"),
-            &format!("file://{}", source.display()),
-            None,
-            &files,
-        ),
-    )
-    .unwrap();
-    let catalog_arg = catalog.display().to_string();
+    let local = local_catalog(
+        assets.path(),
+        MODEL,
+        Some("den-registry:tiny-chat:v1"),
+        &files,
+    );
+    let catalog_arg = local.dir.display().to_string();
     let router = start_router(None, &["--catalog", &catalog_arg]);
     let _w1 = start_worker(&router, "w1", false, &[]);
     let _w2 = start_worker(&router, "w2", false, &[]);
@@ -95,7 +86,7 @@ async fn manage_file_source_checksum_failure_then_retry_with_a_new_attempt() {
     let m = Mgmt { router: &router };
 
     // Corrupt one artifact file at the source (same size, one byte flipped).
-    let weights = file_in(&source, &files[1]);
+    let weights = file_in(&local.source, &files[1]);
     let good = std::fs::read(&weights).unwrap();
     let mut bad = good.clone();
     bad[12_345] ^= 0x5a;
