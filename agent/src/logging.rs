@@ -3,6 +3,7 @@
 
 use std::io::IsTerminal;
 use std::str::FromStr;
+use std::sync::OnceLock;
 
 use tracing_subscriber::EnvFilter;
 
@@ -30,6 +31,7 @@ impl FromStr for LogFormat {
 /// Install the global subscriber. Logs go to stderr so stdout stays free for command
 /// output (`den-agent simulate --json`). A second call is a no-op.
 pub fn init(format: LogFormat, filter: Option<&str>) {
+    let _ = FORMAT.set(format);
     let filter = filter
         .map(EnvFilter::new)
         .or_else(|| EnvFilter::try_from_default_env().ok())
@@ -42,4 +44,12 @@ pub fn init(format: LogFormat, filter: Option<&str>) {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
     };
+}
+
+static FORMAT: OnceLock<LogFormat> = OnceLock::new();
+
+/// Whether logs are JSON lines for a shipper (then a fatal error belongs in them as an
+/// event; in text mode the process prints it as one plain line instead of twice).
+pub fn is_json() -> bool {
+    FORMAT.get() == Some(&LogFormat::Json)
 }

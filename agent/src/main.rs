@@ -234,9 +234,13 @@ fn say(line: &str) {
     let _ = out.flush();
 }
 
+/// One line on stderr; with JSON logs, an error event instead (the shipper's format).
 fn fail(code: u8, message: &str) -> ExitCode {
-    tracing::error!("{message}");
-    eprintln!("den-agent: {message}");
+    if logging::is_json() {
+        tracing::error!("{message}");
+    } else {
+        eprintln!("den-agent: {message}");
+    }
     ExitCode::from(code)
 }
 
