@@ -97,11 +97,11 @@ fn operations_run_one_at_a_time_in_fifo_order() {
     assert_eq!(run.ttft_us, vec![3_200, 6_700, 13_300]);
     assert_eq!(run.reused_tokens, vec![0, 0, 8]);
     assert_eq!(run.report.reused_tokens.gpu, 8);
-    // What the worker reported: at 0.5 ms, 0.3 ms of A's prefill left; at 10 ms, 6.2 ms
-    // of A's capture and all of B's (5 ms). The decode of A was not queued yet at 0.5 ms,
-    // so it is not in the queue — as on the real worker.
+    // What the worker reported: at 0.5 ms, 0.3 ms of A's prefill left plus the 4 ms
+    // decode A will queue after it (as den's worker counts what accepted requests will
+    // still queue); at 10 ms, 6.2 ms of A's capture and all of B's (5 ms).
     assert_eq!(policy.queue_ms.len(), 3);
-    for (got, want) in policy.queue_ms.iter().zip([0.0, 0.3, 11.2]) {
+    for (got, want) in policy.queue_ms.iter().zip([0.0, 4.3, 11.2]) {
         assert!((got - want).abs() < 1e-9, "{:?}", policy.queue_ms);
     }
     assert_eq!(policy.waiting, vec![0, 0, 0]);
@@ -139,8 +139,9 @@ fn den_predicts_the_reported_queue_plus_its_own_work() {
     // The workload of the FIFO test under den's router estimate on one worker: den picks
     // the same plans (C reuses the resident prefix), so the TTFTs are the same, and its
     // predictions are queue + restore + prefill + first token as reported at arrival:
-    // A 0 + 0.8 + 2 = 2.8 (measured 3.2: B's prefill ran in between), B 0.3 + 0.4 + 2 =
-    // 2.7 (measured 6.7: A's decode ran first), C 11.2 + 0.1 + 2 = 13.3 (exact).
+    // A 0 + 0.8 + 2 = 2.8 (measured 3.2: B's prefill ran in between), B (0.3 of A's
+    // prefill + A's 4 ms decode still to queue) + 0.4 + 2 = 6.7 (exact: A's decode ran
+    // first), C 11.2 + 0.1 + 2 = 13.3 (exact).
     let w = workload(&[
         (0, 9, 3, &[1, 2, 3]),
         (500, 5, 1, &[4, 5]),
@@ -149,7 +150,7 @@ fn den_predicts_the_reported_queue_plus_its_own_work() {
     let run = run_policy(&w, &config(16), PolicyKind::Den);
     assert_eq!(run.ttft_us, vec![3_200, 6_700, 13_300]);
     let predicted: Vec<f64> = run.predicted_ttft_ms.iter().map(|p| p.unwrap()).collect();
-    for (got, want) in predicted.iter().zip([2.8, 2.7, 13.3]) {
+    for (got, want) in predicted.iter().zip([2.8, 6.7, 13.3]) {
         assert!((got - want).abs() < 1e-9, "{predicted:?}");
     }
 }

@@ -6,13 +6,19 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
 use den_protocol::calibration::Ewma;
+use den_protocol::ids::AssignmentId;
 
 /// The execution queue's predicted remaining work: the sum of the declared costs of
-/// queued operations plus what is left of the running one. This is the heartbeat's
+/// queued operations plus what is left of the running one, plus the operations accepted
+/// assignments will still queue (an assignment queues one operation at a time — restore,
+/// prefill, decode — and on the FIFO device a later request's first token waits for the
+/// decode of one that was prefilling when it arrived). This is the heartbeat's
 /// `queue_ms`, so a busy worker is priced by the work it really has ahead of it.
 #[derive(Debug, Default)]
 pub struct QueueMeter {
     jobs: Mutex<BTreeMap<u64, QueuedJob>>,
+    /// Per accepted assignment, the declared cost of its operations not queued yet.
+    future: Mutex<BTreeMap<AssignmentId, f64>>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -45,8 +51,38 @@ impl QueueMeter {
         self.lock().remove(&job);
     }
 
-    /// Predicted milliseconds until the queue is empty.
+    /// The operations `assignment` will still queue after the ones queued so far.
+    pub fn set_future(&self, assignment: &AssignmentId, predicted_ms: f64) {
+        let mut future = self.future.lock().unwrap_or_else(|p| p.into_inner());
+        if predicted_ms > 0.0 {
+            future.insert(assignment.clone(), predicted_ms);
+        } else {
+            future.remove(assignment);
+        }
+    }
+
+    /// The assignment ended: it queues nothing more.
+    pub fn clear_future(&self, assignment: &AssignmentId) {
+        self.future
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(assignment);
+    }
+
+    /// Predicted milliseconds until the queue is empty, including the operations
+    /// accepted assignments will still queue.
     pub fn remaining_ms(&self) -> f64 {
+        let future: f64 = self
+            .future
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .sum();
+        future + self.queued_ms()
+    }
+
+    /// Predicted milliseconds of the operations in the queue now.
+    fn queued_ms(&self) -> f64 {
         let now = Instant::now();
         self.lock()
             .values()
@@ -109,7 +145,28 @@ impl Calibration {
 
 #[cfg(test)]
 mod tests {
+    use den_protocol::ids::RequestId;
+
     use super::*;
+
+    #[test]
+    fn queue_counts_what_accepted_assignments_will_still_queue() {
+        let q = QueueMeter::default();
+        let a = AssignmentId {
+            request: RequestId::new("r"),
+            attempt: 1,
+        };
+        q.enqueue(1, 10.0);
+        q.set_future(&a, 40.0);
+        assert!((q.remaining_ms() - 50.0).abs() < 1e-9);
+        // Its next operation is queued: the future shrinks by as much.
+        q.finish(1);
+        q.enqueue(2, 30.0);
+        q.set_future(&a, 10.0);
+        assert!((q.remaining_ms() - 40.0).abs() < 1e-9);
+        q.clear_future(&a);
+        assert!((q.remaining_ms() - 30.0).abs() < 1e-9);
+    }
 
     #[test]
     fn queue_sums_queued_and_remaining_work() {

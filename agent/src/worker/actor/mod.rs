@@ -550,6 +550,7 @@ impl Actor {
                 }
                 WorkerEffect::Local(LocalWorkerEffect::Released { assignment, cause }) => {
                     self.flags.remove(&assignment);
+                    self.p.queue.clear_future(&assignment);
                     let live = self.live.remove(&assignment);
                     let label = match cause {
                         ReleaseCause::Completed => "completed",
@@ -589,6 +590,7 @@ impl Actor {
         });
         let kind = op.kind;
         self.p.queue.enqueue(job, self.predict(&op));
+        self.p.queue.set_future(&assignment, self.still_to_queue(&op));
         if !self.p.device.submit(Job::Op {
             job,
             op,
@@ -611,9 +613,25 @@ impl Actor {
 
     /// Declared cost of an operation with the current calibration (for `queue_ms`).
     fn predict(&self, op: &Operation) -> f64 {
-        let (prefill, first, decode) = self.costs();
-        let w = &op.work;
+        self.predict_kind(op.kind, &op.work)
+    }
+
+    /// Declared cost of the operations `op`'s assignment queues after it (a restore is
+    /// followed by the prefill of the missing tokens, a prefill by the decode).
+    fn still_to_queue(&self, op: &Operation) -> f64 {
         match op.kind {
+            OperationKind::Restore => {
+                self.predict_kind(OperationKind::Prefill, &op.work)
+                    + self.predict_kind(OperationKind::Decode, &op.work)
+            }
+            OperationKind::Prefill => self.predict_kind(OperationKind::Decode, &op.work),
+            OperationKind::Decode => 0.0,
+        }
+    }
+
+    fn predict_kind(&self, kind: OperationKind, w: &Work) -> f64 {
+        let (prefill, first, decode) = self.costs();
+        match kind {
             OperationKind::Restore => w.candidate.prefix_load_ms + w.candidate.gpu_restore_ms,
             OperationKind::Prefill => w.estimate.missing.max(0) as f64 * prefill,
             OperationKind::Decode => {

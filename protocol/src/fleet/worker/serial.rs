@@ -196,6 +196,14 @@ impl Worker {
         let q = &self.serial;
         let remaining = q.running.map_or(0, |(_, end)| end.saturating_sub(now));
         let queued: Micros = q.queued.iter().map(|o| o.us).sum();
+        // What the live requests will still queue, as den's worker counts it.
+        let future: Micros = q
+            .running
+            .iter()
+            .map(|(o, _)| o)
+            .chain(&q.queued)
+            .map(|o| still_to_queue(o, sh, engine))
+            .sum();
         let capacity = self.cache.gpu_capacity();
         let used = self.cache.gpu_len() + self.private_blocks;
         let mut pending = Vec::new();
@@ -235,7 +243,7 @@ impl Worker {
                 step_remaining_ms: remaining as f64 / 1e3,
                 step_calibration: 1.0,
             },
-            queue_ms: (remaining + queued) as f64 / 1e3,
+            queue_ms: (remaining + queued + future) as f64 / 1e3,
             ..WorkerLoad::default()
         }
     }
@@ -358,6 +366,32 @@ impl Worker {
 
 /// Prompt tokens a request computes: the processed prompt (all but the pending last
 /// token) minus the reused ones.
+/// The declared cost of the operations `op`'s request queues after it: a restore is
+/// followed by its prefill (if any tokens are missing) and its decode, a prefill by its
+/// decode.
+fn still_to_queue(op: &Op, sh: &Shared, engine: &SerialEngine) -> Micros {
+    let (Some(st), Some(req)) = (
+        sh.reqs.get(op.request as usize),
+        sh.workload.requests.get(op.request as usize),
+    ) else {
+        return 0;
+    };
+    let decode = decode_op(op.request, req.output_tokens, engine).us;
+    match op.kind {
+        OpKind::Restore => {
+            let tokens = prefill_tokens(req.input_tokens, st.reused_tokens);
+            let prefill = if tokens > 0 {
+                prefill_op(op.request, tokens, engine).us
+            } else {
+                0
+            };
+            prefill + decode
+        }
+        OpKind::Prefill => decode,
+        OpKind::Decode | OpKind::Capture => 0,
+    }
+}
+
 fn prefill_tokens(input: u32, reused: u32) -> u32 {
     input.saturating_sub(1).saturating_sub(reused)
 }
