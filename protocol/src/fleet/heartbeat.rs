@@ -11,6 +11,9 @@
 //! residency stays current (the worker advertises a completed route within the same few
 //! milliseconds), and the router adds the work of every request it routed to a worker
 //! since that worker's snapshot to its reported queue (den-agent's router does the same).
+//! den-agent's router also subtracts, until the next heartbeat, the work of requests that
+//! finished after the heartbeat counted them; here the worker's eager heartbeat 5 ms after
+//! a completion is the only correction (a difference of at most those 5 ms).
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;

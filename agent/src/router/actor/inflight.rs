@@ -12,23 +12,34 @@
 //! When is an assignment in a heartbeat? A worker accepts an offer before it queues the
 //! work, and its frames arrive in order on one connection, so every heartbeat the router
 //! receives *after* the worker's acceptance counts the work. Offers not answered yet
-//! stay counted across heartbeats; a decline, a timeout, the request's end or the
-//! worker's connection closing drops them.
+//! stay counted across heartbeats; a decline, a timeout or the worker's connection
+//! closing drops them.
+//!
+//! The other direction matters as much: a request that completes after the heartbeat
+//! that counted it leaves that heartbeat's `queue_ms` too high until the next one, and a
+//! client that repeats a prompt right after its answer would see the worker holding its
+//! prefix as busy and be sent to recompute elsewhere. So the work of a request that ends
+//! after being reflected is subtracted until the worker's next heartbeat (at worst the
+//! queue reads low for the few milliseconds until the worker's eager heartbeat).
 
 use std::collections::BTreeMap;
 
 use den_protocol::ids::{AssignmentId, RequestId, WorkerId};
 
-/// Per worker, the assignments a heartbeat does not reflect yet.
+/// Per worker, the assignments offered there and what its last heartbeat shows of them.
 #[derive(Debug, Default)]
 pub(super) struct Unreflected {
     workers: BTreeMap<WorkerId, BTreeMap<AssignmentId, Entry>>,
+    /// Work of requests that ended after the worker's last heartbeat counted them.
+    finished: BTreeMap<WorkerId, f64>,
 }
 
 #[derive(Debug, Clone, Copy)]
 struct Entry {
     work_ms: f64,
     accepted: bool,
+    /// A heartbeat received after the acceptance counts this work.
+    reflected: bool,
 }
 
 impl Unreflected {
@@ -39,6 +50,7 @@ impl Unreflected {
             Entry {
                 work_ms: work_ms.max(0.0),
                 accepted: false,
+                reflected: false,
             },
         );
     }
@@ -63,11 +75,15 @@ impl Unreflected {
         }
     }
 
-    /// An accepted heartbeat from `worker`: it counts every assignment accepted before it.
+    /// An accepted heartbeat from `worker`: it counts every assignment accepted before it,
+    /// and none of those that ended.
     pub(super) fn heartbeat(&mut self, worker: &WorkerId) {
         if let Some(entries) = self.workers.get_mut(worker) {
-            entries.retain(|_, e| !e.accepted);
+            for e in entries.values_mut() {
+                e.reflected |= e.accepted;
+            }
         }
+        self.finished.remove(worker);
     }
 
     /// The offer timed out (the machine cancels it and moves on).
@@ -77,23 +93,39 @@ impl Unreflected {
         }
     }
 
-    /// The request ended: none of its attempts adds work any more.
+    /// The request ended: none of its attempts adds work any more, and the work a
+    /// heartbeat still counts is done.
     pub(super) fn ended(&mut self, request: &RequestId) {
-        for entries in self.workers.values_mut() {
-            entries.retain(|a, _| &a.request != request);
+        for (worker, entries) in &mut self.workers {
+            entries.retain(|a, e| {
+                if &a.request != request {
+                    return true;
+                }
+                if e.reflected {
+                    *self.finished.entry(worker.clone()).or_default() += e.work_ms;
+                }
+                false
+            });
         }
     }
 
     /// The worker's connection closed: its queue starts again from its next heartbeat.
     pub(super) fn forget(&mut self, worker: &WorkerId) {
         self.workers.remove(worker);
+        self.finished.remove(worker);
     }
 
-    /// Work to add to `worker`'s last reported `queue_ms`.
+    /// Work to add to `worker`'s last reported `queue_ms` (negative: work that heartbeat
+    /// counts has finished since).
     pub(super) fn extra_ms(&self, worker: &WorkerId) -> f64 {
-        self.workers
-            .get(worker)
-            .map_or(0.0, |entries| entries.values().map(|e| e.work_ms).sum())
+        let pending: f64 = self.workers.get(worker).map_or(0.0, |entries| {
+            entries
+                .values()
+                .filter(|e| !e.reflected)
+                .map(|e| e.work_ms)
+                .sum()
+        });
+        pending - self.finished.get(worker).copied().unwrap_or(0.0)
     }
 }
 
@@ -121,6 +153,25 @@ mod tests {
         u.heartbeat(&w);
         assert_eq!(u.extra_ms(&w), 5.0);
         assert_eq!(u.extra_ms(&WorkerId::new("other")), 0.0);
+    }
+
+    #[test]
+    fn work_that_finishes_after_its_heartbeat_is_subtracted_until_the_next() {
+        let (w, mut u) = (WorkerId::new("w"), Unreflected::default());
+        u.offered(&w, a("r1", 1), 30.0);
+        u.answered(&w, &a("r1", 1), true);
+        u.heartbeat(&w);
+        assert_eq!(u.extra_ms(&w), 0.0);
+        // r1 completes before the next heartbeat: its 30 ms are no longer ahead.
+        u.ended(&RequestId::new("r1"));
+        assert_eq!(u.extra_ms(&w), -30.0);
+        u.heartbeat(&w);
+        assert_eq!(u.extra_ms(&w), 0.0);
+        // A request that ends before any heartbeat counted it subtracts nothing.
+        u.offered(&w, a("r2", 1), 5.0);
+        u.answered(&w, &a("r2", 1), true);
+        u.ended(&RequestId::new("r2"));
+        assert_eq!(u.extra_ms(&w), 0.0);
     }
 
     #[test]

@@ -313,11 +313,11 @@ impl RouterActor {
                     _ => &[],
                 };
                 let extra_ms = self.unreflected.extra_ms(&obs.worker_id);
-                if guessed.is_empty() && extra_ms <= 0.0 {
+                if guessed.is_empty() && extra_ms == 0.0 {
                     return Cow::Borrowed(obs);
                 }
                 let mut amended = obs.clone();
-                amended.queue_ms += extra_ms;
+                amended.queue_ms = (amended.queue_ms + extra_ms).max(0.0);
                 for p in guessed {
                     if !amended
                         .gpu_prefixes

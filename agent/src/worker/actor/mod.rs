@@ -590,7 +590,9 @@ impl Actor {
         });
         let kind = op.kind;
         self.p.queue.enqueue(job, self.predict(&op));
-        self.p.queue.set_future(&assignment, self.still_to_queue(&op));
+        self.p
+            .queue
+            .set_future(&assignment, self.still_to_queue(&op));
         if !self.p.device.submit(Job::Op {
             job,
             op,
