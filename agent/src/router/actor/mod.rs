@@ -52,11 +52,13 @@ use crate::metrics::{LATENCY_MS_BUCKETS, Metrics};
 use crate::router::Shared;
 use crate::router::timers::{Fired, TimerKey, TimerWheel};
 use crate::serving::ServedModel;
+use speculation::Speculation;
 
 mod effects;
 mod inflight;
 mod manage;
 mod report;
+mod speculation;
 
 /// What a connection task writes to its socket.
 #[derive(Debug)]
@@ -137,18 +139,6 @@ struct DeliveryState {
     last_delta: Option<Instant>,
     /// Kept to announce the completed route's prefix (see [`Speculation`]).
     request: Arc<GenerationRequest>,
-}
-
-/// GPU prefixes the router assumes resident on a worker because a request just completed
-/// there, until that worker's next accepted heartbeat says what really is (llm-d's
-/// speculative index entries, without a timer: the heartbeat is the confirmation). A
-/// client that repeats a prompt right after its answer would otherwise miss the cache it
-/// just warmed. A wrong guess costs one decline (`resident-prefix-unavailable`) and the
-/// next candidate is offered.
-#[derive(Debug, Default)]
-struct Speculation {
-    /// Worker → (the heartbeat version the guess amends, the guessed prefixes).
-    prefixes: BTreeMap<WorkerId, (HeartbeatVersion, Vec<GpuPrefix>)>,
 }
 
 pub struct RouterActor {
@@ -298,70 +288,6 @@ impl RouterActor {
             return self.router.counts().in_flight() == 0;
         }
         false
-    }
-
-    /// Live observations, amended with speculative GPU prefixes where the worker has not
-    /// heartbeated since the guess, and with the work offered since its last heartbeat
-    /// (cloned only for the workers amended).
-    fn observations_with_speculation(&self) -> Vec<Cow<'_, Observation>> {
-        self.discovery
-            .registry()
-            .observations()
-            .map(|obs| {
-                let guessed = match self.speculation.prefixes.get(&obs.worker_id) {
-                    Some((version, guessed)) if *version == obs.version() => guessed.as_slice(),
-                    _ => &[],
-                };
-                let extra_ms = self.unreflected.extra_ms(&obs.worker_id);
-                if guessed.is_empty() && extra_ms == 0.0 {
-                    return Cow::Borrowed(obs);
-                }
-                let mut amended = obs.clone();
-                amended.queue_ms = (amended.queue_ms + extra_ms).max(0.0);
-                for p in guessed {
-                    if !amended
-                        .gpu_prefixes
-                        .iter()
-                        .any(|q| q.model == p.model && q.prefix_hash == p.prefix_hash)
-                    {
-                        amended.gpu_prefixes.push(p.clone());
-                    }
-                }
-                Cow::Owned(amended)
-            })
-            .collect()
-    }
-
-    /// `request` completed on `worker`: assume its route (the prompt's chunk chain) is
-    /// resident there until the worker's next heartbeat.
-    fn speculate(&mut self, worker: &WorkerId, request: &GenerationRequest) {
-        let Some(obs) = self.discovery.registry().get(worker) else {
-            return;
-        };
-        let bytes_per_token = obs
-            .pool
-            .page_bytes
-            .checked_div(u64::from(obs.page_size))
-            .unwrap_or(0);
-        let route = request.route_id();
-        let plan = plan_chunks(request.processed_tokens(), self.shared.opts.chunk_size);
-        let guessed = plan.iter().map(|d| GpuPrefix {
-            model: request.model.clone(),
-            prefix_hash: d.hash,
-            continuation_id: route.clone(),
-            token_count: d.end(),
-            bytes: u64::from(d.end()) * bytes_per_token,
-        });
-        let version = obs.version();
-        let entry = self
-            .speculation
-            .prefixes
-            .entry(worker.clone())
-            .or_insert_with(|| (version, Vec::new()));
-        if entry.0 != version {
-            *entry = (version, Vec::new());
-        }
-        entry.1.extend(guessed);
     }
 
     // ---------------------------------------------------------------------------------
