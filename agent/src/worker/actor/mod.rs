@@ -55,6 +55,7 @@ use crate::worker::pool::SharedPool;
 use crate::worker::store::{self, BadReplica, CheckpointOutcome, ChunkIndex, Tiers};
 
 mod checkpoint;
+mod costs;
 mod observe;
 
 impl Actor {
@@ -611,46 +612,6 @@ impl Actor {
             );
             self.apply(effects);
         }
-    }
-
-    /// Declared cost of an operation with the current calibration (for `queue_ms`).
-    fn predict(&self, op: &Operation) -> f64 {
-        self.predict_kind(op.kind, &op.work)
-    }
-
-    /// Declared cost of the operations `op`'s assignment queues after it (a restore is
-    /// followed by the prefill of the missing tokens, a prefill by the decode).
-    fn still_to_queue(&self, op: &Operation) -> f64 {
-        match op.kind {
-            OperationKind::Restore => {
-                self.predict_kind(OperationKind::Prefill, &op.work)
-                    + self.predict_kind(OperationKind::Decode, &op.work)
-            }
-            OperationKind::Prefill => self.predict_kind(OperationKind::Decode, &op.work),
-            OperationKind::Decode => 0.0,
-        }
-    }
-
-    fn predict_kind(&self, kind: OperationKind, w: &Work) -> f64 {
-        let (prefill, first, decode) = self.costs();
-        match kind {
-            OperationKind::Restore => w.candidate.prefix_load_ms + w.candidate.gpu_restore_ms,
-            OperationKind::Prefill => w.estimate.missing.max(0) as f64 * prefill,
-            OperationKind::Decode => {
-                first + decode * w.request.max_new_tokens.saturating_sub(1) as f64
-            }
-        }
-    }
-
-    /// (prefill ms/token, first-token ms, decode ms/token): measured, else configured.
-    fn costs(&self) -> (f64, f64, f64) {
-        let c = self.p.calibration.snapshot();
-        let cfg = self.p.opts.costs;
-        (
-            c.prefill_ms_per_token.or(cfg.prefill_ms_per_token),
-            c.first_token_ms.or(cfg.first_token_ms),
-            c.decode_ms_per_token.or(cfg.decode_ms_per_token),
-        )
     }
 
     fn cancel_all(&mut self) {
