@@ -181,19 +181,42 @@ async fn agents_bad_tokens_versions_and_frames_are_refused_without_disturbing_ot
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_management_calls_need_the_token() {
     let router = start_router(Some("tok"), &[]);
-    let resp = den_tests::agents::client()
-        .get(format!("{}/v1/workers", router.url))
+    let client = den_tests::agents::client();
+    // Every route but /metrics and /healthz, with and without a wrong token: 401 and a
+    // line naming DEN_TOKEN, before the handler runs (nothing is cancelled or drained).
+    let guarded = [
+        ("GET", "/v1/agents"),
+        ("GET", "/v1/console"),
+        ("POST", "/v1/generate"),
+        ("GET", "/v1/requests/r1"),
+        ("POST", "/v1/requests/r1/cancel"),
+        ("GET", "/v1/workers"),
+        ("POST", "/v1/workers/w1/drain"),
+        ("POST", "/v1/workers/w1/undrain"),
+    ];
+    for (method, path) in guarded {
+        for token in [None, Some("nope")] {
+            let url = format!("{}{path}", router.url);
+            let mut req = match method {
+                "GET" => client.get(&url),
+                _ => client.post(&url).json(&json!({})),
+            };
+            if let Some(t) = token {
+                req = req.bearer_auth(t);
+            }
+            let resp = req.send().await.unwrap();
+            assert_eq!(resp.status(), 401, "{method} {path} with {token:?}");
+            let v: Value = resp.json().await.unwrap();
+            assert!(v["error"].as_str().unwrap().contains("DEN_TOKEN"), "{v}");
+        }
+    }
+    // Metrics and health stay open for scrapers, and count the refusals.
+    let health = client
+        .get(format!("{}/healthz", router.url))
         .send()
         .await
         .unwrap();
-    assert_eq!(resp.status(), 401);
-    let v: Value = resp.json().await.unwrap();
-    assert!(v["error"].as_str().unwrap().contains("DEN_TOKEN"), "{v}");
-    // Metrics and health stay open for scrapers.
-    assert!(
-        router
-            .metrics()
-            .await
-            .contains("den_router_unauthorized_total")
-    );
+    assert_eq!(health.status(), 200);
+    let refused = metric_sum(&router.metrics().await, "den_router_unauthorized_total");
+    assert!(refused >= 16.0, "{refused}");
 }

@@ -18,7 +18,7 @@
 
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{StatusCode, header};
 use axum::response::Response;
 use bytes::Bytes;
 use serde::Deserialize;
@@ -31,7 +31,7 @@ use den_protocol::router::{Delivery, DeliveryKind};
 
 use crate::engine::{detokenize, tokenize};
 use crate::router::RouterHandle;
-use crate::router::http::{error, unauthorized};
+use crate::router::http::error;
 use crate::serving::{DeliveryStream, SubmitError, Submitter};
 
 #[derive(Debug, Deserialize)]
@@ -58,14 +58,7 @@ fn yes() -> bool {
     true
 }
 
-pub async fn generate(
-    State(handle): State<RouterHandle>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    if let Some(r) = unauthorized(&handle, &headers) {
-        return r;
-    }
+pub async fn generate(State(handle): State<RouterHandle>, body: Bytes) -> Response {
     let body: GenerateBody = match serde_json::from_slice(&body) {
         Ok(b) => b,
         Err(e) => {

@@ -6,8 +6,9 @@
 
 use axum::Router;
 use axum::extract::ws::WebSocketUpgrade;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Json, Response};
 use axum::routing::{get, post};
 
@@ -17,9 +18,10 @@ use crate::auth;
 use crate::router::{RouterHandle, conn, feed, generate};
 use crate::serving::Submitter;
 
-/// The built-in routes, with the handle as state.
+/// The built-in routes, with the handle as state: every one behind the token check but
+/// `/metrics` and `/healthz`.
 pub fn routes(handle: RouterHandle) -> Router {
-    Router::new()
+    let guarded = Router::new()
         .route("/v1/agents", get(agents))
         .route("/v1/console", get(console))
         .route("/v1/generate", post(generate::generate))
@@ -28,9 +30,27 @@ pub fn routes(handle: RouterHandle) -> Router {
         .route("/v1/workers", get(workers))
         .route("/v1/workers/{id}/drain", post(drain))
         .route("/v1/workers/{id}/undrain", post(undrain))
+        .route_layer(middleware::from_fn_with_state(
+            handle.clone(),
+            require_token,
+        ));
+    Router::new()
+        .merge(guarded)
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .with_state(handle)
+}
+
+/// Middleware: the 401 before any handler (and so before a WebSocket upgrade) runs.
+async fn require_token(
+    State(handle): State<RouterHandle>,
+    request: Request,
+    next: Next,
+) -> Response {
+    match unauthorized(&handle, request.headers()) {
+        Some(refused) => refused,
+        None => next.run(request).await,
+    }
 }
 
 /// The 401 response when the request does not carry the shared token, else `None`.
@@ -61,14 +81,7 @@ pub fn error(status: StatusCode, message: &str) -> Response {
     (status, Json(serde_json::json!({ "error": message }))).into_response()
 }
 
-async fn agents(
-    State(handle): State<RouterHandle>,
-    headers: HeaderMap,
-    ws: WebSocketUpgrade,
-) -> Response {
-    if let Some(r) = unauthorized(&handle, &headers) {
-        return r;
-    }
+async fn agents(State(handle): State<RouterHandle>, ws: WebSocketUpgrade) -> Response {
     let max = handle.options().max_frame;
     // Frames up to twice the limit still reach the codec, which refuses them with a
     // clear `refused` frame; beyond that the socket layer drops the connection.
@@ -78,25 +91,11 @@ async fn agents(
         .on_upgrade(move |socket| conn::serve(socket, handle))
 }
 
-async fn console(
-    State(handle): State<RouterHandle>,
-    headers: HeaderMap,
-    ws: WebSocketUpgrade,
-) -> Response {
-    if let Some(r) = unauthorized(&handle, &headers) {
-        return r;
-    }
+async fn console(State(handle): State<RouterHandle>, ws: WebSocketUpgrade) -> Response {
     ws.on_upgrade(move |socket| feed::serve(socket, handle))
 }
 
-async fn record(
-    State(handle): State<RouterHandle>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Response {
-    if let Some(r) = unauthorized(&handle, &headers) {
-        return r;
-    }
+async fn record(State(handle): State<RouterHandle>, Path(id): Path<String>) -> Response {
     match handle.record(&RequestId::new(id.clone())).await {
         Some(r) => Json(r).into_response(),
         None => error(
@@ -106,14 +105,7 @@ async fn record(
     }
 }
 
-async fn cancel(
-    State(handle): State<RouterHandle>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Response {
-    if let Some(r) = unauthorized(&handle, &headers) {
-        return r;
-    }
+async fn cancel(State(handle): State<RouterHandle>, Path(id): Path<String>) -> Response {
     let id = RequestId::new(id);
     if handle.record(&id).await.is_none() {
         return error(StatusCode::NOT_FOUND, &format!("no request {id}"));
@@ -126,38 +118,19 @@ async fn cancel(
         .into_response()
 }
 
-async fn workers(State(handle): State<RouterHandle>, headers: HeaderMap) -> Response {
-    if let Some(r) = unauthorized(&handle, &headers) {
-        return r;
-    }
+async fn workers(State(handle): State<RouterHandle>) -> Response {
     Json(handle.workers().await).into_response()
 }
 
-async fn drain(
-    State(handle): State<RouterHandle>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Response {
-    set_drain(handle, headers, id, true).await
+async fn drain(State(handle): State<RouterHandle>, Path(id): Path<String>) -> Response {
+    set_drain(handle, id, true).await
 }
 
-async fn undrain(
-    State(handle): State<RouterHandle>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Response {
-    set_drain(handle, headers, id, false).await
+async fn undrain(State(handle): State<RouterHandle>, Path(id): Path<String>) -> Response {
+    set_drain(handle, id, false).await
 }
 
-async fn set_drain(
-    handle: RouterHandle,
-    headers: HeaderMap,
-    id: String,
-    draining: bool,
-) -> Response {
-    if let Some(r) = unauthorized(&handle, &headers) {
-        return r;
-    }
+async fn set_drain(handle: RouterHandle, id: String, draining: bool) -> Response {
     let worker = WorkerId::new(id);
     if handle.drain(&worker, draining).await {
         Json(serde_json::json!({ "worker": worker, "draining": draining })).into_response()

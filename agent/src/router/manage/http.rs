@@ -25,6 +25,7 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Json, Response};
 use axum::routing::get;
 use serde_json::json;
@@ -50,7 +51,23 @@ pub fn routes(handle: RouterHandle) -> Router {
         .route("/instance/{id}", get(get_instance).delete(delete))
         .route("/models/requirements", get(requirements))
         .route("/models", get(models))
+        .route_layer(middleware::from_fn_with_state(
+            handle.clone(),
+            require_token,
+        ))
         .with_state(handle)
+}
+
+/// Middleware: every management call needs the router's token (Skulk's 401 envelope).
+async fn require_token(
+    State(handle): State<RouterHandle>,
+    request: axum::extract::Request,
+    next: Next,
+) -> Response {
+    match unauthorized(&handle, request.headers()) {
+        Some(refused) => refused,
+        None => next.run(request).await,
+    }
 }
 
 /// Skulk's error envelope.
@@ -106,17 +123,11 @@ fn stopped() -> Response {
     )
 }
 
-async fn node_id(State(handle): State<RouterHandle>, headers: HeaderMap) -> Response {
-    if let Some(r) = unauthorized(&handle, &headers) {
-        return r;
-    }
+async fn node_id(State(handle): State<RouterHandle>) -> Response {
     Json(handle.options().name.clone()).into_response()
 }
 
-async fn identity(State(handle): State<RouterHandle>, headers: HeaderMap) -> Response {
-    if let Some(r) = unauthorized(&handle, &headers) {
-        return r;
-    }
+async fn identity(State(handle): State<RouterHandle>) -> Response {
     let host = crate::cli::hostname();
     Json(NodeIdentityResponse {
         node_id: handle.options().name.clone(),
@@ -127,24 +138,14 @@ async fn identity(State(handle): State<RouterHandle>, headers: HeaderMap) -> Res
     .into_response()
 }
 
-async fn state(State(handle): State<RouterHandle>, headers: HeaderMap) -> Response {
-    if let Some(r) = unauthorized(&handle, &headers) {
-        return r;
-    }
+async fn state(State(handle): State<RouterHandle>) -> Response {
     match ask(&handle, |reply| Request::State { reply }).await {
         Some(state) => Json(state).into_response(),
         None => stopped(),
     }
 }
 
-async fn previews(
-    State(handle): State<RouterHandle>,
-    headers: HeaderMap,
-    RawQuery(query): RawQuery,
-) -> Response {
-    if let Some(r) = unauthorized(&handle, &headers) {
-        return r;
-    }
+async fn previews(State(handle): State<RouterHandle>, RawQuery(query): RawQuery) -> Response {
     let pairs = parse_query(query.as_deref().unwrap_or(""));
     let Some(model) = first(&pairs, "model_id") else {
         return missing("model_id");
@@ -160,10 +161,7 @@ async fn previews(
     }
 }
 
-async fn create(State(handle): State<RouterHandle>, headers: HeaderMap, body: Bytes) -> Response {
-    if let Some(r) = unauthorized(&handle, &headers) {
-        return r;
-    }
+async fn create(State(handle): State<RouterHandle>, body: Bytes) -> Response {
     let body: CreateInstanceRequest = match serde_json::from_slice(&body) {
         Ok(b) => b,
         Err(e) => {
@@ -184,14 +182,7 @@ async fn create(State(handle): State<RouterHandle>, headers: HeaderMap, body: By
     }
 }
 
-async fn get_instance(
-    State(handle): State<RouterHandle>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Response {
-    if let Some(r) = unauthorized(&handle, &headers) {
-        return r;
-    }
+async fn get_instance(State(handle): State<RouterHandle>, Path(id): Path<String>) -> Response {
     let instance = InstanceId::new(id);
     match ask(&handle, |reply| Request::Get { instance, reply }).await {
         Some(Some(i)) => Json(i).into_response(),
@@ -204,14 +195,7 @@ async fn get_instance(
     }
 }
 
-async fn delete(
-    State(handle): State<RouterHandle>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Response {
-    if let Some(r) = unauthorized(&handle, &headers) {
-        return r;
-    }
+async fn delete(State(handle): State<RouterHandle>, Path(id): Path<String>) -> Response {
     let instance = InstanceId::new(id);
     match ask(&handle, |reply| Request::Delete { instance, reply }).await {
         Some(Ok(ack)) => Json(ack).into_response(),
@@ -220,14 +204,7 @@ async fn delete(
     }
 }
 
-async fn requirements(
-    State(handle): State<RouterHandle>,
-    headers: HeaderMap,
-    RawQuery(query): RawQuery,
-) -> Response {
-    if let Some(r) = unauthorized(&handle, &headers) {
-        return r;
-    }
+async fn requirements(State(handle): State<RouterHandle>, RawQuery(query): RawQuery) -> Response {
     let pairs = parse_query(query.as_deref().unwrap_or(""));
     let Some(model) = first(&pairs, "model_id") else {
         return missing("model_id");
@@ -257,10 +234,7 @@ async fn requirements(
     }
 }
 
-async fn models(State(handle): State<RouterHandle>, headers: HeaderMap) -> Response {
-    if let Some(r) = unauthorized(&handle, &headers) {
-        return r;
-    }
+async fn models(State(handle): State<RouterHandle>) -> Response {
     Json(handle.options().catalog.model_list()).into_response()
 }
 
