@@ -137,10 +137,19 @@ pub enum Sub {
         /// How long the workload runs (e.g. 10s, 2m); without it, until you quit.
         #[arg(long, value_parser = parse_duration)]
         duration: Option<std::time::Duration>,
-        /// Number of workers.
-        #[arg(long, default_value_t = 3)]
+        /// Number of workers (1 to 16).
+        #[arg(long, default_value_t = 3, value_parser = parse_workers)]
         workers: usize,
     },
+}
+
+/// `den demo --workers`: a cluster of 1 to 16 in-process workers (each runs its own
+/// device thread on this one machine).
+fn parse_workers(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n @ 1..=16) => Ok(n),
+        _ => Err(format!("{s:?} is not a worker count: give 1 to 16")),
+    }
 }
 
 /// Parse a human duration such as `500ms`, `10s`, `2m`, `1h` (a bare number is seconds).
@@ -393,6 +402,25 @@ mod tests {
         assert!(s.no_record);
         assert!(!format!("{s:?}").contains("secret"));
         assert!(Cli::try_parse_from(["den", "--record", "a", "--no-record"]).is_err());
+    }
+
+    #[test]
+    fn demo_workers_are_one_to_sixteen() {
+        for (n, ok) in [
+            ("0", false),
+            ("1", true),
+            ("16", true),
+            ("17", false),
+            ("x", false),
+        ] {
+            let parsed = Cli::try_parse_from(["den", "demo", "--workers", n]);
+            assert_eq!(parsed.is_ok(), ok, "--workers {n}");
+        }
+        let err = Cli::try_parse_from(["den", "demo", "--workers", "0"])
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("give 1 to 16"), "{err}");
     }
 
     #[test]
