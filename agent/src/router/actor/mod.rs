@@ -313,6 +313,7 @@ impl RouterActor {
                     let worker = self.manager.worker_of(pin);
                     candidates.retain(|c| Some(&c.worker_id) == worker.as_ref());
                 }
+                self.amend_queues(&mut candidates);
                 let now = self.now();
                 self.deliveries.insert(
                     request.id.clone(),

@@ -20,8 +20,8 @@ pub(super) struct Speculation {
 
 impl RouterActor {
     /// Live observations, amended with speculative GPU prefixes where the worker has not
-    /// heartbeated since the guess, and with the work offered since its last heartbeat
-    /// (cloned only for the workers amended).
+    /// heartbeated since the guess (cloned only for those workers, right after a
+    /// completion).
     pub(super) fn observations_with_speculation(&self) -> Vec<Cow<'_, Observation>> {
         self.discovery
             .registry()
@@ -31,12 +31,10 @@ impl RouterActor {
                     Some((version, guessed)) if *version == obs.version() => guessed.as_slice(),
                     _ => &[],
                 };
-                let extra_ms = self.unreflected.extra_ms(&obs.worker_id);
-                if guessed.is_empty() && extra_ms == 0.0 {
+                if guessed.is_empty() {
                     return Cow::Borrowed(obs);
                 }
                 let mut amended = obs.clone();
-                amended.queue_ms = (amended.queue_ms + extra_ms).max(0.0);
                 for p in guessed {
                     if !amended
                         .gpu_prefixes
@@ -49,6 +47,18 @@ impl RouterActor {
                 Cow::Owned(amended)
             })
             .collect()
+    }
+
+    /// Adds to each candidate's queue the work its worker's last heartbeat does not show
+    /// (see [`super::inflight`]); per candidate, so a busy router clones no observation
+    /// for it.
+    pub(super) fn amend_queues(&self, candidates: &mut [den_protocol::candidate::Candidate]) {
+        for c in candidates {
+            let extra_ms = self.unreflected.extra_ms(&c.worker_id);
+            if extra_ms != 0.0 {
+                c.queue_ms = (c.queue_ms + extra_ms).max(0.0);
+            }
+        }
     }
 
     /// `request` completed on `worker`: assume its route (the prompt's chunk chain) is
