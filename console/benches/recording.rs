@@ -6,6 +6,8 @@
 //!
 //! The measurement runs in a child process so that its peak RSS (VmHWM) is the
 //! replayer's, not the generator's.
+// A benchmark may unwrap, expect and panic: a broken set-up should stop it loudly.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -2,6 +2,8 @@
 //! 5 000 routes, drawn into an in-memory terminal. Target: < 5 ms per frame.
 //!
 //! `cargo bench -p den-console --bench render`
+// A benchmark may unwrap, expect and panic: a broken set-up should stop it loudly.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::LazyLock;
 

@@ -2,6 +2,9 @@
 //!
 //! Fixtures: 16-token pages; "10k" pools hold 10 000 resident durable one-page routes
 //! with spread-out eviction values plus some free pages.
+// A benchmark may unwrap, expect and panic: a broken set-up should stop it loudly.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)] // benches time and read files
 
 use std::collections::BTreeSet;
 

@@ -2,6 +2,9 @@
 //! the first offer effect, for 8, 64 and 512 workers × 16 alternatives each.
 //!
 //! `cargo bench -p den-protocol --bench routing`
+// A benchmark may unwrap, expect and panic: a broken set-up should stop it loudly.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)] // benches time and read files
 
 use std::sync::Arc;
 

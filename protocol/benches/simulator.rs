@@ -2,6 +2,9 @@
 //! (8 workers, 2 000 requests with 3 alternatives each, 16 streamed tokens per request).
 //!
 //! `cargo bench -p den-protocol --bench simulator`
+// A benchmark may unwrap, expect and panic: a broken set-up should stop it loudly.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)] // benches time and read files
 
 use den_protocol::candidate::{Candidate, Tier, TransferCapabilities};
 use den_protocol::ids::{Epoch, WorkerId};

@@ -11,6 +11,9 @@
 //!   best other policy by the most and the K where it lost by the most.
 //! - `--den vN` selects one of the iteration steps of den's policy (default: latest).
 //! - `--no-object-store` removes the shared object store tier (local tiers only).
+// A benchmark may unwrap, expect and panic: a broken set-up should stop it loudly.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)] // benches time and read files
 
 use std::process::ExitCode;
 use std::time::Instant;

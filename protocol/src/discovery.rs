@@ -126,6 +126,7 @@ pub enum DiscoveryInput {
 
 /// Effects of [`Discovery::handle`]. All are local: discovery never talks to the wire.
 #[derive(Debug, Clone, PartialEq)]
+#[must_use = "an effect is a decision to carry out, not a value to drop"]
 pub enum DiscoveryEffect {
     /// The registry now holds this observation for the worker (first or newer version).
     Updated {
@@ -176,6 +177,7 @@ impl Discovery {
         }
     }
 
+    #[must_use = "the effects are what the state machine decided: carry them out"]
     pub fn handle(&mut self, now: Millis, input: DiscoveryInput) -> Vec<DiscoveryEffect> {
         match input {
             DiscoveryInput::Heartbeat {
@@ -318,14 +320,14 @@ mod tests {
     fn stale_connection_cannot_remove_newer_route() {
         let mut d = Discovery::new(100);
         let (old, new) = (ConnectionId(1), ConnectionId(2));
-        d.handle(
+        let _ = d.handle(
             Millis(0),
             DiscoveryInput::Heartbeat {
                 connection: old,
                 observation: Box::new(obs(0, 0, 0.0)),
             },
         );
-        d.handle(
+        let _ = d.handle(
             Millis(5),
             DiscoveryInput::Heartbeat {
                 connection: new,
@@ -366,7 +368,7 @@ mod tests {
             version: HeartbeatVersion::new(0, 0),
             at: Millis(40)
         }));
-        d.handle(
+        let _ = d.handle(
             Millis(10),
             DiscoveryInput::Heartbeat {
                 connection: c,
@@ -391,7 +393,7 @@ mod tests {
     #[test]
     fn conflicting_equal_version_neither_binds_nor_rearms() {
         let mut d = Discovery::new(40);
-        d.handle(
+        let _ = d.handle(
             Millis(0),
             DiscoveryInput::Heartbeat {
                 connection: ConnectionId(1),

@@ -27,8 +27,12 @@
 //! `FixtureServer::start_with(Path::new(env!("CARGO_BIN_EXE_skulk-fixture-server")), …)`:
 //! cargo builds this crate's binaries before its integration tests and names them that
 //! way. Other binaries (`den`, `den-agent`) are found with [`binary`].
+// Test support: a helper that cannot do its job fails the test that called it, so it may
+// unwrap, expect and panic. Nothing here ships in den's binaries.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 pub mod agents;
+pub mod environment;
 pub mod fixture_client;
 pub mod fixture_server;
 pub mod manage;

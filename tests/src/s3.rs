@@ -12,8 +12,8 @@ pub struct TestS3 {
 
 impl TestS3 {
     /// The server named by `DEN_TEST_S3_ENDPOINT` (and `DEN_TEST_S3_BUCKET`, default
-    /// `den-test`), or `None` when it is not set: the caller prints "skipped" and
-    /// returns, so the suite still runs where no S3 server can (tests/run always sets it).
+    /// `den-test`), or `None` when it is not set: the caller reports it through
+    /// [`crate::environment::missing`] (a failure under tests/run, which always sets it).
     pub fn from_env() -> Option<TestS3> {
         let endpoint = std::env::var("DEN_TEST_S3_ENDPOINT")
             .ok()

@@ -268,7 +268,8 @@ impl Model {
                 outcome,
             } => {
                 self.evidence_at = Some(at);
-                self.evidence.handle(
+                // The event below says what happened; the notices would repeat it.
+                let _notices = self.evidence.handle(
                     at,
                     Input::Probe {
                         instance: instance.clone(),

@@ -44,7 +44,8 @@ impl Model {
         track.feed = (kind == SourceKind::DenRouter).then_some(Health::Connecting);
         self.evidence_at = Some(at);
         self.cluster_dirty = true;
-        self.evidence.handle(
+        // Registering an endpoint decides nothing yet: no notice to show.
+        let _notices = self.evidence.handle(
             at,
             Input::Endpoint {
                 endpoint: EndpointLabel::new(source.as_str()),
@@ -177,7 +178,8 @@ impl Model {
                 continue;
             }
             self.inference_seen.insert(key, seen);
-            self.evidence.handle(
+            // A served request is quiet evidence: the Instances panel shows its effect.
+            let _notices = self.evidence.handle(
                 at,
                 Input::Probe {
                     instance: instance.clone(),

@@ -203,6 +203,7 @@ impl Run<'_> {
     }
 
     /// Feeds one input, then reports step changes and new notes.
+    #[must_use = "the effects are what the state machine decided: carry them out"]
     fn handle(&mut self, input: Input) -> Vec<Effect> {
         let effects = self.wf.handle(self.now(), input);
         if self.instance.is_none() {

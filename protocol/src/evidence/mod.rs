@@ -180,6 +180,7 @@ pub struct Expectation {
 
 /// Something that happened, reported at once.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[must_use = "an effect is a decision to carry out, not a value to drop"]
 pub enum Notice {
     VerdictChanged {
         instance: InstanceId,
@@ -267,6 +268,7 @@ impl EvidenceReducer {
         &self.config
     }
 
+    #[must_use = "the effects are what the state machine decided: carry them out"]
     pub fn handle(&mut self, now: Millis, input: Input) -> Vec<Notice> {
         let mut notices = Vec::new();
         match input {

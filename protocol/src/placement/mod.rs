@@ -203,6 +203,7 @@ pub enum Input {
 }
 
 #[derive(Debug, Clone, PartialEq)]
+#[must_use = "an effect is a decision to carry out, not a value to drop"]
 pub enum Effect {
     /// Send this request to the management API and answer with `HttpResponse` or
     /// `HttpFailed` carrying the same `request`.

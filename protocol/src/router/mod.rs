@@ -185,6 +185,7 @@ impl From<WorkerMessage> for RouterInput {
 /// wire frame ([`crate::wire::WireMessage`]); `Local` effects cannot be encoded.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "kebab-case")]
+#[must_use = "an effect is a decision to carry out, not a value to drop"]
 pub enum RouterEffect {
     Send(OutboundToWorker),
     Local(LocalRouterEffect),
@@ -193,6 +194,7 @@ pub enum RouterEffect {
 /// Effects that stay inside the router process.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "local", rename_all = "kebab-case")]
+#[must_use = "an effect is a decision to carry out, not a value to drop"]
 pub enum LocalRouterEffect {
     /// Fire [`RouterInput::OfferTimeout`] for `assignment` at `at`.
     SetOfferTimer {
@@ -294,6 +296,7 @@ impl Router {
     }
 
     /// The single entry point: apply `input` at logical time `now`.
+    #[must_use = "the effects are what the state machine decided: carry them out"]
     pub fn handle(&mut self, now: Millis, input: RouterInput) -> Vec<RouterEffect> {
         let mut out = Vec::new();
         self.collect_garbage(now, &mut out);

@@ -147,6 +147,7 @@ impl OperationOutcome {
 /// What the worker asks of its runtime. Only `Send` carries a wire frame.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "kebab-case")]
+#[must_use = "an effect is a decision to carry out, not a value to drop"]
 pub enum WorkerEffect {
     Send(WorkerMessage),
     Local(LocalWorkerEffect),
@@ -155,6 +156,7 @@ pub enum WorkerEffect {
 /// Effects that stay inside the worker process.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "local", rename_all = "kebab-case")]
+#[must_use = "an effect is a decision to carry out, not a value to drop"]
 pub enum LocalWorkerEffect {
     /// Run an operation; report it with [`WorkerInput::OperationDone`] (and, for decode,
     /// each token with [`WorkerInput::Token`]).
@@ -295,6 +297,7 @@ impl<C: Capacity> Worker<C> {
     }
 
     /// The single entry point: apply `input` at logical time `now`.
+    #[must_use = "the effects are what the state machine decided: carry them out"]
     pub fn handle(&mut self, now: Millis, input: WorkerInput) -> Vec<WorkerEffect> {
         self.prune(now);
         let mut out = Vec::new();

@@ -5,6 +5,9 @@
 //! the script format and `den_tests::fixture_server` for the control endpoints
 //! `GET /__requests` and `POST /__reset`). Prints `listening on ADDR` as its first
 //! stdout line (bind port 0 to get a free one); one line per request goes to stderr.
+// Test support: a helper that cannot do its job fails the test that called it, so it may
+// unwrap, expect and panic. Nothing here ships in den's binaries.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeMap;
 use std::io::Write;

@@ -105,6 +105,7 @@ impl PlacementWorkflow {
     }
 
     /// The single entry point.
+    #[must_use = "the effects are what the state machine decided: carry them out"]
     pub fn handle(&mut self, now: Millis, input: Input) -> Vec<Effect> {
         if self.step == Step::Done {
             return Vec::new();
@@ -206,13 +207,19 @@ impl PlacementWorkflow {
         }
     }
 
+    /// Feeds the evidence reducer. The workflow judges from the reducer's state (`judge`),
+    /// not from its notices: those are for an event log, which the workflow does not keep.
+    fn observe(&mut self, now: Millis, input: EvidenceInput) {
+        let _notices = self.evidence.handle(now, input);
+    }
+
     fn feed_poll(&mut self, now: Millis, result: PollResult) {
         let observation = PollObservation {
             endpoint: management(),
             node_id: self.management_node.clone(),
             result,
         };
-        self.evidence.handle(now, EvidenceInput::Poll(observation));
+        self.observe(now, EvidenceInput::Poll(observation));
     }
 
     fn next_seq(&mut self) -> RequestSeq {

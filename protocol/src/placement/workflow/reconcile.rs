@@ -23,8 +23,7 @@ impl PlacementWorkflow {
             deadline: Some(fence.reconcile_deadline),
             hard_expiry: fence.hard_expiry,
         };
-        self.evidence
-            .handle(now, EvidenceInput::Expect(expectation));
+        self.observe(now, EvidenceInput::Expect(expectation));
         self.step = Step::Reconciling;
         self.poll_cycle()
     }
@@ -247,7 +246,7 @@ impl PlacementWorkflow {
                 let outcome = ProbeOutcome::Failed {
                     detail: detail.clone(),
                 };
-                self.evidence.handle(
+                self.observe(
                     now,
                     EvidenceInput::Probe {
                         instance: fence.instance_id.clone(),
@@ -263,7 +262,7 @@ impl PlacementWorkflow {
                     return self.finish_uncertain(UncertainReason::ProbeNotAttributable { others });
                 }
                 let outcome = ProbeOutcome::Succeeded { served_by };
-                self.evidence.handle(
+                self.observe(
                     now,
                     EvidenceInput::Probe {
                         instance: fence.instance_id.clone(),

@@ -77,7 +77,7 @@ impl PlacementWorkflow {
             };
         }
         self.management_node = Some(node.clone());
-        self.evidence.handle(
+        self.observe(
             now,
             EvidenceInput::Endpoint {
                 endpoint: management(),

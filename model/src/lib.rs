@@ -1,0 +1,1 @@
+//! den-model (in progress).
