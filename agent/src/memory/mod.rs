@@ -40,7 +40,12 @@ use std::time::Duration;
 use den_protocol::calibration::Ewma;
 use serde::Serialize;
 
+#[cfg(feature = "cuda")]
 pub mod cuda;
+#[cfg(not(feature = "cuda"))]
+#[path = "cuda_absent.rs"]
+pub mod cuda;
+pub mod device;
 pub mod host;
 pub mod plan;
 

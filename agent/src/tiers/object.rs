@@ -13,13 +13,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::TryStreamExt;
-use object_store::aws::AmazonS3Builder;
 use object_store::local::LocalFileSystem;
 use object_store::memory::InMemory;
 use object_store::path::Path;
-use object_store::{
-    BackoffConfig, ClientOptions, ObjectStore, ObjectStoreExt, PutPayload, RetryConfig,
-};
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
 use den_protocol::candidate::Tier;
 
@@ -49,47 +46,60 @@ pub fn open_store(config: &ObjectConfig) -> Result<(Arc<dyn ObjectStore>, String
                 .with_fsync(true);
             (Arc::new(fs), String::new())
         }
-        ObjectUrl::S3 { bucket, prefix } => {
-            config.s3.validate().map_err(TierError::Config)?;
-            let _ = rustls::crypto::ring::default_provider().install_default();
-            let s = &config.s3;
-            let mut b = AmazonS3Builder::new()
-                .with_bucket_name(bucket)
-                .with_region(s.region.clone().unwrap_or_else(|| "us-east-1".to_owned()))
-                .with_virtual_hosted_style_request(false)
-                .with_retry(RetryConfig {
-                    backoff: BackoffConfig {
-                        init_backoff: Duration::from_millis(100),
-                        max_backoff: Duration::from_secs(5),
-                        base: 2.0,
-                    },
-                    max_retries: 3,
-                    retry_timeout: Duration::from_secs(30),
-                })
-                // Client options replace the builder's, allow_http included, so
-                // allow_http is set after them.
-                .with_client_options(
-                    ClientOptions::new()
-                        .with_connect_timeout(Duration::from_secs(5))
-                        .with_timeout(Duration::from_secs(120)),
-                )
-                .with_allow_http(s.http_allowed());
-            if let Some(ep) = &s.endpoint {
-                b = b.with_endpoint(ep);
-            }
-            if let (Some(id), Some(secret)) = (&s.access_key_id, &s.secret_access_key) {
-                b = b
-                    .with_access_key_id(id)
-                    .with_secret_access_key(secret.expose());
-            }
-            if let Some(token) = &s.session_token {
-                b = b.with_token(token.expose());
-            }
-            let store = b.build().map_err(|e| TierError::Config(e.to_string()))?;
-            (Arc::new(store), prefix.clone())
-        }
+        ObjectUrl::S3 { bucket, prefix } => (s3_store(config, bucket)?, prefix.clone()),
     };
     Ok((store, prefix))
+}
+
+/// An S3-compatible client (path-style requests, bounded retries, ring TLS).
+#[cfg(feature = "s3")]
+fn s3_store(config: &ObjectConfig, bucket: &str) -> Result<Arc<dyn ObjectStore>, TierError> {
+    use object_store::aws::AmazonS3Builder;
+    use object_store::{BackoffConfig, ClientOptions, RetryConfig};
+    config.s3.validate().map_err(TierError::Config)?;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let s = &config.s3;
+    let mut b = AmazonS3Builder::new()
+        .with_bucket_name(bucket)
+        .with_region(s.region.clone().unwrap_or_else(|| "us-east-1".to_owned()))
+        .with_virtual_hosted_style_request(false)
+        .with_retry(RetryConfig {
+            backoff: BackoffConfig {
+                init_backoff: Duration::from_millis(100),
+                max_backoff: Duration::from_secs(5),
+                base: 2.0,
+            },
+            max_retries: 3,
+            retry_timeout: Duration::from_secs(30),
+        })
+        // Client options replace the builder's, allow_http included, so
+        // allow_http is set after them.
+        .with_client_options(
+            ClientOptions::new()
+                .with_connect_timeout(Duration::from_secs(5))
+                .with_timeout(Duration::from_secs(120)),
+        )
+        .with_allow_http(s.http_allowed());
+    if let Some(ep) = &s.endpoint {
+        b = b.with_endpoint(ep);
+    }
+    if let (Some(id), Some(secret)) = (&s.access_key_id, &s.secret_access_key) {
+        b = b
+            .with_access_key_id(id)
+            .with_secret_access_key(secret.expose());
+    }
+    if let Some(token) = &s.session_token {
+        b = b.with_token(token.expose());
+    }
+    let store = b.build().map_err(|e| TierError::Config(e.to_string()))?;
+    Ok(Arc::new(store))
+}
+
+#[cfg(not(feature = "s3"))]
+fn s3_store(_config: &ObjectConfig, _bucket: &str) -> Result<Arc<dyn ObjectStore>, TierError> {
+    Err(TierError::Config(
+        "this binary was built without S3 support (cargo feature `s3`); use den-agent".to_owned(),
+    ))
 }
 
 /// Chunks in an object store.
