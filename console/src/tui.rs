@@ -98,7 +98,7 @@ impl Console {
         key: KeyEvent,
     ) -> Vec<(den_protocol::session::CommandSeq, Command)> {
         let mut run = Vec::new();
-        let Some(action) = action_for(key, &self.app.mode) else {
+        let Some(action) = action_for(key, &self.app.mode, self.app.focus) else {
             return run;
         };
         self.model.settle();

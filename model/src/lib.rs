@@ -8,7 +8,7 @@
 //!   gets a one-line error naming the file, never a panic or an outsized allocation.
 //! - [`quant`]: dequantizers to f32 for F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q6_K,
 //!   whole tensors or one row at a time, bit-for-bit equal to ggml's reference
-//!   dequantizers (checked against gguf-py on real tensors: `tests/dequant.rs`); block
+//!   dequantizers (checked against gguf-py on real tensors: `tests/it/dequant.rs`); block
 //!   geometry and tensor byte sizes for every ggml type ([`GgmlType`]).
 //! - [`fingerprint::weights_digest`]: SHA-256 over the tensor table and data.
 //!

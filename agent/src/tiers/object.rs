@@ -10,7 +10,7 @@
 //! module installs as the process default if none is (reqwest needs one).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use futures_util::TryStreamExt;
 use object_store::local::LocalFileSystem;
@@ -56,6 +56,7 @@ pub fn open_store(config: &ObjectConfig) -> Result<(Arc<dyn ObjectStore>, String
 fn s3_store(config: &ObjectConfig, bucket: &str) -> Result<Arc<dyn ObjectStore>, TierError> {
     use object_store::aws::AmazonS3Builder;
     use object_store::{BackoffConfig, ClientOptions, RetryConfig};
+    use std::time::Duration;
     config.s3.validate().map_err(TierError::Config)?;
     let _ = rustls::crypto::ring::default_provider().install_default();
     let s = &config.s3;

@@ -6,6 +6,7 @@
 //! model give the same state, which the key-handling tests rely on.
 
 pub mod action;
+pub mod keymap;
 pub mod palette;
 pub mod panel;
 pub mod table;
@@ -16,7 +17,8 @@ use crate::dispatch_panel;
 use crate::model::{Level, Model};
 use crate::ui::columns::{PanelSpec, next_sortable, sort_of};
 
-pub use action::{Action, action_for};
+pub use action::Action;
+pub use keymap::{action_for, replay_action_for};
 pub use palette::{Command, PaletteState};
 pub use panel::Panel;
 pub use table::TableState;

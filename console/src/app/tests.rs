@@ -44,31 +44,40 @@ fn key(code: KeyCode) -> KeyEvent {
 #[test]
 fn keys_mean_different_things_per_mode() {
     let q = key(KeyCode::Char('q'));
-    assert_eq!(action_for(q, &Mode::Normal), Some(Action::Quit));
-    assert_eq!(action_for(q, &Mode::Filter), Some(Action::Input('q')));
+    assert_eq!(
+        action_for(q, &Mode::Normal, Panel::Nodes),
+        Some(Action::Quit)
+    );
+    assert_eq!(
+        action_for(q, &Mode::Filter, Panel::Nodes),
+        Some(Action::Input('q'))
+    );
     let ctrl_c = KeyEvent::new(KeyCode::Char('c'), KeyModifiers::CONTROL);
     let palette = Mode::Palette(PaletteState::default());
-    assert_eq!(action_for(ctrl_c, &palette), Some(Action::Quit));
     assert_eq!(
-        action_for(key(KeyCode::Tab), &palette),
+        action_for(ctrl_c, &palette, Panel::Nodes),
+        Some(Action::Quit)
+    );
+    assert_eq!(
+        action_for(key(KeyCode::Tab), &palette, Panel::Nodes),
         Some(Action::Complete)
     );
     assert_eq!(
-        action_for(key(KeyCode::Tab), &Mode::Normal),
+        action_for(key(KeyCode::Tab), &Mode::Normal, Panel::Nodes),
         Some(Action::NextPanel)
     );
     assert_eq!(
-        action_for(key(KeyCode::Char('3')), &Mode::Normal),
+        action_for(key(KeyCode::Char('3')), &Mode::Normal, Panel::Nodes),
         Some(Action::Focus(Panel::Instances))
     );
     let confirm = Mode::Confirm(Command::Quit);
     assert_eq!(
-        action_for(key(KeyCode::Char('y')), &confirm),
+        action_for(key(KeyCode::Char('y')), &confirm, Panel::Nodes),
         Some(Action::Confirm)
     );
     // enter does not confirm: a mutating command takes a deliberate `y`
     assert_eq!(
-        action_for(key(KeyCode::Enter), &confirm),
+        action_for(key(KeyCode::Enter), &confirm, Panel::Nodes),
         Some(Action::Deny)
     );
 }

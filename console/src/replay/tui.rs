@@ -5,16 +5,17 @@
 //! status line and a timeline bar (position, speed, paused, failure markers). Commands
 //! are refused: a replay cannot change the cluster.
 //!
-//! Keys: space pause/resume · ←/→ step one event · [/] jump 10 s · g go to a time ·
-//! +/- speed (0.25× to 64×) · f find (failures, declines, or any text) · n/N next and
-//! previous match · q quit. Tab, j/k, /, enter, ? behave as in the console.
+//! Keys come from the key table (`app/keymap.rs`, mode `Replay`, then the console's):
+//! space pause/resume · ←/→ step one event · [/] jump 10 s · t go to a time · +/- speed
+//! (0.25× to 64×) · f find (failures, declines, or any text) · n/N next and previous
+//! match · q quit. Tab, j/k, g/G, /, enter, ? behave as in the console.
 
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::mpsc as std_mpsc;
 use std::time::{Duration, Instant};
 
-use crossterm::event::{Event, EventStream, KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
+use crossterm::event::{Event, EventStream, KeyEvent};
 use futures_util::StreamExt;
 use ratatui::Frame;
 use ratatui::layout::{Constraint, Layout, Rect};
@@ -27,7 +28,8 @@ use den_protocol::time::Millis;
 
 use super::scan::{self, Filter};
 use super::{ReplayError, Replayer};
-use crate::app::{App, Effect, Mode, action_for};
+use crate::app::keymap::{self, KeyMode};
+use crate::app::{Action, App, Effect, replay_action_for};
 use crate::model::Level;
 use crate::record::paths::utc_time;
 use crate::theme::Theme;
@@ -124,25 +126,23 @@ impl Replay {
         }
     }
 
-    /// Handle one key.
+    /// Handle one key: the key table turns it into an [`Action`] (the replay's own keys
+    /// first in normal mode, then the console's), and the action is applied.
     pub fn key(&mut self, key: KeyEvent) -> Result<(), ReplayError> {
-        if key.kind == KeyEventKind::Release {
-            return Ok(());
-        }
-        if key.modifiers.contains(KeyModifiers::CONTROL) && key.code == KeyCode::Char('c') {
-            self.app.running = false;
-            return Ok(());
-        }
         if let Some(prompt) = self.prompt.take() {
             return self.prompt_key(prompt, key);
         }
-        self.message = None;
-        if self.app.mode == Mode::Normal && self.replay_key(key)? {
-            return Ok(());
-        }
-        let Some(action) = action_for(key, &self.app.mode) else {
+        let Some(action) = replay_action_for(key, &self.app.mode, self.app.focus) else {
             return Ok(());
         };
+        if action == Action::Quit {
+            self.app.running = false;
+            return Ok(());
+        }
+        self.message = None;
+        if self.replay_action(action)? {
+            return Ok(());
+        }
         let model = self.replayer.model().clone();
         for effect in self.app.update(action, &model) {
             match effect {
@@ -163,37 +163,37 @@ impl Replay {
         Ok(())
     }
 
-    /// The replay's own keys in normal mode; false when the key is the console's.
-    fn replay_key(&mut self, key: KeyEvent) -> Result<bool, ReplayError> {
-        match key.code {
-            KeyCode::Char(' ') => {
+    /// Applies the replay's own actions; false when the action is the console's.
+    fn replay_action(&mut self, action: Action) -> Result<bool, ReplayError> {
+        match action {
+            Action::PlayPause => {
                 self.paused = !self.paused;
                 self.carry = 0.0;
             }
-            KeyCode::Right => {
+            Action::StepForward => {
                 self.paused = true;
                 if !self.replayer.step_forward()? {
                     self.message = Some((Level::Info, "end of the recording".to_owned()));
                 }
                 self.after_move();
             }
-            KeyCode::Left => {
+            Action::StepBack => {
                 self.paused = true;
                 if !self.replayer.step_back()? {
                     self.message = Some((Level::Info, "start of the recording".to_owned()));
                 }
                 self.after_move();
             }
-            KeyCode::Char('[') => {
+            Action::JumpBack => {
                 let t = Millis(self.replayer.position().0.saturating_sub(JUMP));
                 self.seek(t)?;
             }
-            KeyCode::Char(']') => {
+            Action::JumpForward => {
                 let t = self.replayer.position().saturating_add(JUMP);
                 self.seek(t)?;
             }
-            KeyCode::Char('g') => self.prompt = Some(Prompt::Goto(String::new())),
-            KeyCode::Char('f') => {
+            Action::GoToTime => self.prompt = Some(Prompt::Goto(String::new())),
+            Action::Find => {
                 let current = match &self.filter {
                     Some(Filter::Text(t)) => t.clone(),
                     Some(other) => other.label(),
@@ -201,25 +201,28 @@ impl Replay {
                 };
                 self.prompt = Some(Prompt::Find(current));
             }
-            KeyCode::Char('+') | KeyCode::Char('=') | KeyCode::Char('>') => {
-                self.speed = (self.speed + 1).min(SPEEDS.len() - 1);
-            }
-            KeyCode::Char('-') | KeyCode::Char('<') => self.speed = self.speed.saturating_sub(1),
-            KeyCode::Char('n') => self.next_match(true)?,
-            KeyCode::Char('N') => self.next_match(false)?,
+            Action::Faster => self.speed = (self.speed + 1).min(SPEEDS.len() - 1),
+            Action::Slower => self.speed = self.speed.saturating_sub(1),
+            Action::NextMatch => self.next_match(true)?,
+            Action::PrevMatch => self.next_match(false)?,
             _ => return Ok(false),
         }
         Ok(true)
     }
 
+    /// A key while the go-to or find prompt is open: the table's line keys.
     fn prompt_key(&mut self, prompt: Prompt, key: KeyEvent) -> Result<(), ReplayError> {
         let (mut input, goto) = match prompt {
             Prompt::Goto(s) => (s, true),
             Prompt::Find(s) => (s, false),
         };
-        match key.code {
-            KeyCode::Esc => return Ok(()),
-            KeyCode::Enter => {
+        match keymap::lookup(KeyMode::Line, self.app.focus, key) {
+            Some(Action::Quit) => {
+                self.app.running = false;
+                return Ok(());
+            }
+            Some(Action::Back) => return Ok(()),
+            Some(Action::Submit) => {
                 if goto {
                     match parse_offset(&input) {
                         Ok(t) => self.seek(t)?,
@@ -230,10 +233,11 @@ impl Replay {
                 }
                 return Ok(());
             }
-            KeyCode::Backspace => {
+            Some(Action::Backspace) => {
                 input.pop();
             }
-            KeyCode::Char(c) => input.push(c),
+            Some(Action::ClearInput) => input.clear(),
+            Some(Action::Input(c)) => input.push(c),
             _ => {}
         }
         self.prompt = Some(if goto {
@@ -369,15 +373,7 @@ impl Replay {
                 theme.level(*level).add_modifier(Modifier::BOLD),
             ));
         } else {
-            for (key, what) in [
-                ("space", "pause"),
-                ("←→", "step"),
-                ("[ ]", "±10s"),
-                ("g", "go to"),
-                ("+-", "speed"),
-                ("f", "find"),
-                ("n/N", "next/prev"),
-            ] {
+            for (key, what) in keymap::footer_keys(self.app.focus, KeyMode::Replay, true) {
                 spans.push(Span::styled(format!(" {key}"), theme.key()));
                 spans.push(Span::styled(format!(" {what}"), theme.dim()));
             }

@@ -83,14 +83,14 @@ fn jumps_steps_and_go_to() {
     key(&mut r, KeyCode::Left);
     key(&mut r, KeyCode::Left);
     assert_eq!(r.replayer.ordinal(), before - 1);
-    key(&mut r, KeyCode::Char('g'));
+    key(&mut r, KeyCode::Char('t'));
     assert_eq!(r.prompt, Some(Prompt::Goto(String::new())));
     typed(&mut r, "12.5s");
     assert!(screen(&mut r).contains("go to: 12.5s"));
     key(&mut r, KeyCode::Enter);
     assert_eq!(r.prompt, None);
     assert_eq!(r.replayer.position(), Millis(12_500));
-    key(&mut r, KeyCode::Char('g'));
+    key(&mut r, KeyCode::Char('t'));
     typed(&mut r, "soon");
     key(&mut r, KeyCode::Enter);
     assert!(
@@ -117,7 +117,7 @@ fn find_and_next_previous_match() {
     key(&mut r, KeyCode::Char('N'));
     assert_eq!(r.replayer.position(), first);
     // A request id, from the start.
-    key(&mut r, KeyCode::Char('g'));
+    key(&mut r, KeyCode::Char('t'));
     typed(&mut r, "0");
     key(&mut r, KeyCode::Enter);
     key(&mut r, KeyCode::Char('f'));
@@ -159,7 +159,7 @@ fn commands_are_refused_and_panels_navigate() {
 fn the_screen_shows_the_panels_the_header_and_the_timeline() {
     let mut r = replay();
     r.markers = vec![Millis(12_000)];
-    key(&mut r, KeyCode::Char('g'));
+    key(&mut r, KeyCode::Char('t'));
     typed(&mut r, "13s");
     key(&mut r, KeyCode::Enter);
     key(&mut r, KeyCode::Char(' '));

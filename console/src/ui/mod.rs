@@ -17,6 +17,7 @@ use ratatui::widgets::{Block, Paragraph};
 use den_protocol::session::SourceKind;
 use den_protocol::time::Millis;
 
+use crate::app::keymap::{self, KeyMode};
 use crate::app::{App, Mode, Panel};
 use crate::dispatch_panel;
 use crate::model::{Health, Level, Model, SourceRow};
@@ -232,43 +233,13 @@ fn keys_line(keys: &[(&str, &str)], theme: &Theme) -> Line<'static> {
     Line::from(spans)
 }
 
-/// The footer's key hints for a panel and mode (also used by the help overlay).
+/// The footer's key hints for a panel and mode, from the key table.
 pub fn footer_keys(
     panel: Panel,
     mode: &Mode,
     read_only: bool,
 ) -> Vec<(&'static str, &'static str)> {
-    match mode {
-        Mode::Palette(_) => vec![
-            ("tab", "complete"),
-            ("↑↓", "history"),
-            ("⏎", "run"),
-            ("esc", "close"),
-        ],
-        Mode::Confirm(_) => vec![("y", "confirm"), ("any other key", "cancel")],
-        Mode::Help | Mode::Detail { .. } => vec![("j/k", "scroll"), ("esc", "back")],
-        Mode::Normal | Mode::Filter => {
-            let mut keys = vec![
-                ("tab", "panel"),
-                ("j/k", "move"),
-                ("/", "filter"),
-                ("s", "sort"),
-            ];
-            if panel != Panel::Events {
-                keys.push(("⏎", "detail"));
-            }
-            if !read_only {
-                match panel {
-                    Panel::Instances => keys.push(("d", "delete")),
-                    Panel::Routes => keys.push(("c", "cancel")),
-                    Panel::Pages | Panel::Nodes => keys.push(("d", "drain")),
-                    Panel::Downloads | Panel::Events => {}
-                }
-            }
-            keys.extend([(":", "cmd"), ("?", "help"), ("q", "quit")]);
-            keys
-        }
-    }
+    keymap::footer_keys(panel, KeyMode::of(mode), read_only)
 }
 
 /// A rectangle centred in `area`, at most `width`×`height`.

@@ -8,13 +8,14 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, BorderType, Clear, Paragraph, Wrap};
 
 use crate::app::palette::COMMANDS;
-use crate::app::{App, Command, Mode, PaletteState, Panel};
+use crate::app::{App, Command, PaletteState, Panel};
 use crate::dispatch_panel;
 use crate::model::{Level, Mark};
 use crate::theme::Theme;
 
+use super::centered;
 use super::columns::{PanelSpec, sort_title};
-use super::{centered, footer_keys};
+use crate::app::keymap::{self, KeyMode};
 
 /// Completion candidates shown at once.
 const POPUP_ROWS: usize = 8;
@@ -174,15 +175,8 @@ pub fn help(frame: &mut Frame<'_>, body: Rect, panel: Panel, read_only: bool, th
         Line::raw(""),
     ];
     lines.push(heading("keys"));
-    let mut keys = footer_keys(panel, &Mode::Normal, read_only);
-    keys.extend([
-        ("1-6", "jump to panel"),
-        ("S", "reverse sort"),
-        ("g/G", "top/bottom"),
-        ("pgup/pgdn", "page"),
-        ("esc", "clear filter"),
-        ("ctrl-c", "quit"),
-    ]);
+    let mut keys = keymap::help_keys(panel, KeyMode::Normal, read_only);
+    keys.push(("ctrl-c", "quit"));
     for chunk in keys.chunks(3) {
         let mut spans = Vec::new();
         for (k, what) in chunk {

@@ -7,7 +7,7 @@ use std::path::Path;
 use memmap2::Mmap;
 
 use super::error::{ErrorKind, GgufError};
-use super::metadata::{Array, Metadata, MetaError, Value};
+use super::metadata::{Array, MetaError, Metadata, Value};
 use super::parse::Gguf;
 use super::tensor::{Tensor, TensorInfo};
 

@@ -200,7 +200,7 @@ fn parse(bytes: &[u8]) -> Result<Gguf, ErrorKind> {
         };
         let n_elements = quant::element_count(ty, &dims).map_err(shape)?;
         let n_bytes = quant::tensor_bytes(ty, &dims).map_err(shape)?;
-        if offset % u64::from(alignment) != 0 {
+        if !offset.is_multiple_of(u64::from(alignment)) {
             return Err(ErrorKind::Misaligned {
                 name,
                 offset,

@@ -73,7 +73,7 @@ pub fn dequantize(
         return Err(QuantError::Unsupported(ty));
     }
     let block = ty.block_size();
-    if n_elements % block != 0 {
+    if !n_elements.is_multiple_of(block) {
         return Err(QuantError::PartialBlock {
             ty,
             n_elements,

@@ -24,7 +24,7 @@ pub fn element_count(ty: GgmlType, dims: &[u64]) -> Result<u64, QuantError> {
 /// The bytes of one row of `ne0` elements: whole blocks only.
 pub fn row_bytes(ty: GgmlType, ne0: u64) -> Result<u64, QuantError> {
     let block = ty.block_size() as u64;
-    if ne0 % block != 0 {
+    if !ne0.is_multiple_of(block) {
         return Err(QuantError::PartialRow {
             ty,
             dims: vec![ne0],
@@ -100,7 +100,9 @@ mod tests {
             })
         );
         assert_eq!(
-            tensor_bytes(GgmlType::Q4_K, &[300, 2]).unwrap_err().to_string(),
+            tensor_bytes(GgmlType::Q4_K, &[300, 2])
+                .unwrap_err()
+                .to_string(),
             "Q4_K shape [300, 2]: rows of 300 elements are not whole blocks of 256"
         );
     }
