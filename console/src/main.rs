@@ -134,7 +134,13 @@ async fn replay(
     match out {
         Ok(text) => {
             use std::io::Write;
-            // A closed pipe (`| head`) is not an error worth a panic.
+            // A closed pipe (`| head`) is not an error worth a panic. Text is stripped of
+            // control sequences: a recording holds whatever the network sent.
+            let text = if json {
+                text
+            } else {
+                den_protocol::text::printable_lines(&text).into_owned()
+            };
             let _ = writeln!(std::io::stdout().lock(), "{text}");
             ExitCode::SUCCESS
         }
@@ -234,7 +240,8 @@ async fn demo(
         }
         match report {
             Some(r) => {
-                print!("{}", r.summary());
+                use std::io::Write as _;
+                let _ = write!(std::io::stdout().lock(), "{}", r.summary());
                 ExitCode::SUCCESS
             }
             None => {

@@ -45,6 +45,7 @@ pub mod router;
 pub mod session;
 pub mod sim;
 pub mod skulk;
+pub mod text;
 pub mod time;
 pub mod wire;
 pub mod worker;

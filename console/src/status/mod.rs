@@ -14,6 +14,7 @@ use den_protocol::feed::FeedMessage;
 use den_protocol::session::{
     CommandSeq, CommandStatus, SessionEvent, SourceId, SourceKind, Stamped,
 };
+use den_protocol::text::{printable, printable_lines};
 use den_protocol::time::Millis;
 
 use crate::app::Command;
@@ -206,7 +207,7 @@ pub async fn status(
     if code == 1 {
         eprintln!(
             "den status: no source answered: {}",
-            join_problems(&gathered.problems)
+            printable(&join_problems(&gathered.problems))
         );
         return ExitCode::from(1);
     }
@@ -216,9 +217,17 @@ pub async fn status(
     } else {
         snapshot_text(&gathered)
     };
-    println!("{out}");
+    // JSON escapes control characters itself; text is stripped of them (names and
+    // messages come from the network). A closed pipe (`| head`) is not worth a panic.
+    {
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), "{}", printable_lines(&out));
+    }
     if !complete {
-        eprintln!("den status: partial: {}", join_problems(&gathered.problems));
+        eprintln!(
+            "den status: partial: {}",
+            printable(&join_problems(&gathered.problems))
+        );
     }
     ExitCode::from(code)
 }
@@ -277,8 +286,11 @@ pub fn snapshot_text(g: &Gathered) -> String {
         let latency = s.latency_ms.map_or_else(String::new, |l| format!(" {l}ms"));
         let _ = writeln!(
             out,
-            "source {} ({} {}): {health}{latency}",
-            s.source, s.kind, s.url
+            "source {} ({} {}): {}{latency}",
+            s.source,
+            s.kind,
+            printable(&s.url),
+            printable(&health)
         );
     }
     out.push_str(&table::<crate::ui::columns::NodesSpec>("NODES", g, &theme));
@@ -334,7 +346,7 @@ fn table<S: PanelSpec>(title: &str, g: &Gathered, theme: &Theme) -> String {
             .map(|(c, w)| {
                 let line = (c.cell)(row, &ctx);
                 let text: String = line.spans.iter().map(|s| s.content.as_ref()).collect();
-                cell(&text, *w)
+                cell(&printable(&text), *w)
             })
             .collect();
         out.push_str(cells.join(" ").trim_end());
@@ -368,7 +380,7 @@ pub async fn command(settings: &Settings, command: Command, json: bool) -> ExitC
     let printer = tokio::spawn(async move {
         while let Some(event) = rx.recv().await {
             if let SessionEvent::CommandProgress { note, .. } = event {
-                eprintln!("den {verb}: {note}");
+                eprintln!("den {verb}: {}", printable(&note));
             }
         }
     });
@@ -386,11 +398,16 @@ pub async fn command(settings: &Settings, command: Command, json: bool) -> ExitC
                 map.entry(k.clone()).or_insert_with(|| v.clone());
             }
         }
-        println!("{body}");
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), "{body}");
     } else {
-        let line = format!("{}: {}", finished.status, finished.detail);
+        // The detail quotes what Skulk or the router answered.
+        let line = format!("{}: {}", finished.status, printable(&finished.detail));
         match finished.status {
-            CommandStatus::Ok => println!("{line}"),
+            CommandStatus::Ok => {
+                use std::io::Write as _;
+                let _ = writeln!(std::io::stdout().lock(), "{line}");
+            }
             _ => eprintln!("{line}"),
         }
     }

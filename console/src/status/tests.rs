@@ -298,3 +298,43 @@ async fn commands_run_against_the_server_with_three_way_outcomes() {
         code(ExitCode::from(0))
     );
 }
+
+/// A Skulk `/state` needs no den token: names in it must not reach the operator's
+/// terminal as control sequences (OSC 52 writes the clipboard, CSI 2J clears the screen)
+/// or forge lines with a newline.
+#[tokio::test]
+async fn status_text_strips_escape_sequences_from_network_names() {
+    crate::http::install_crypto_provider();
+    let mut fake = Fake::skulk();
+    let hostile = (*fake.state)
+        .replace(
+            "\"friendlyName\": \"alpha\"",
+            "\"friendlyName\": \"al\\u001b]52;c;ZXZpbA==\\u0007pha\\u001b[2J\"",
+        )
+        .replace(
+            "mlx-community/Meta-Llama-3.1-8B-Instruct-4bit",
+            "mlx-community/Meta\\nFORGED LINE\\u001b]0;owned\\u0007",
+        );
+    assert_ne!(
+        hostile, *fake.state,
+        "the fixture has the fields this test poisons"
+    );
+    fake.state = Arc::new(hostile);
+    let url = serve(fake).await;
+    let g = gather(
+        &settings(vec![skulk("mgmt", &url)], None),
+        Duration::from_secs(5),
+    )
+    .await
+    .expect("gather");
+    let text = snapshot_text(&g);
+    assert!(text.contains("NODES"), "{text}");
+    assert!(
+        !text.contains('\u{1b}') && !text.contains('\u{7}'),
+        "{text:?}"
+    );
+    assert!(
+        !text.lines().any(|l| l.starts_with("FORGED")),
+        "a newline in a model name became a line of its own: {text}"
+    );
+}

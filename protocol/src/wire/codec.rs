@@ -18,7 +18,7 @@ use super::{
     Retract, RouterMessage, ToRouter, TokenDelta, Welcome, WireMessage, WorkerResult,
 };
 use crate::candidate::{Candidate, Tier};
-use crate::ids::{AssignmentId, WorkerId};
+use crate::ids::{AssignmentId, NodeId, WorkerId};
 use crate::request::GenerationRequest;
 
 /// Which side rejected a frame whose type belongs to the other direction.
@@ -193,11 +193,13 @@ pub fn decode_for_router(bytes: &[u8], max_frame: usize) -> Result<ToRouter, Cod
         "hello" => {
             version(&mut obj)?;
             let worker_id: WorkerId = field(&mut obj, "worker_id")?;
-            non_empty("worker_id", worker_id.as_str())?;
+            name("worker_id", worker_id.as_str())?;
+            let node: NodeId = field(&mut obj, "node")?;
+            name("node", node.as_str())?;
             Ok(ToRouter::Hello(Hello {
                 protocol_version: PROTOCOL_VERSION,
                 worker_id,
-                node: field(&mut obj, "node")?,
+                node,
                 epoch: field(&mut obj, "epoch")?,
             }))
         }
@@ -377,6 +379,32 @@ fn positive_ms(obj: &mut Map<String, Value>, name: &'static str) -> Result<u64, 
         return Err(invalid(name, "must be > 0"));
     }
     Ok(v)
+}
+
+/// Longest worker or node name a peer may claim, in bytes.
+pub const MAX_NAME_BYTES: usize = 128;
+
+/// A name a peer gives itself, which ends up in logs, the console and recordings: one
+/// to [`MAX_NAME_BYTES`] bytes of printable text, no control or escape characters, no
+/// surrounding whitespace.
+fn name(field: &'static str, s: &str) -> Result<(), CodecError> {
+    non_empty(field, s)?;
+    if s.len() > MAX_NAME_BYTES {
+        return Err(invalid(
+            field,
+            &format!("is {} bytes; at most {MAX_NAME_BYTES} are allowed", s.len()),
+        ));
+    }
+    if crate::text::printable(s) != s {
+        return Err(invalid(
+            field,
+            "contains control or escape characters; use printable text",
+        ));
+    }
+    if s.trim() != s {
+        return Err(invalid(field, "has leading or trailing whitespace"));
+    }
+    Ok(())
 }
 
 fn non_empty(name: &'static str, s: &str) -> Result<(), CodecError> {

@@ -58,7 +58,8 @@ use crate::observation::Observation;
 use crate::request::{GenerationRequest, Token};
 
 pub use codec::{
-    CodecError, Direction, WorkerInbound, decode_for_router, decode_for_worker, encode,
+    CodecError, Direction, MAX_NAME_BYTES, WorkerInbound, decode_for_router, decode_for_worker,
+    encode,
 };
 pub use manage::{ArtifactFile, ModelArtifact, PlaceRunner, RemoveRunner};
 

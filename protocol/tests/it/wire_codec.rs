@@ -327,6 +327,37 @@ fn invalid_fields_are_named() {
     );
 }
 
+/// A worker names itself, and the name reaches logs, the console and recordings: escape
+/// sequences, newlines and unbounded lengths are refused at the edge.
+#[test]
+fn hello_names_are_bounded_printable_text() {
+    let hello = |worker: &str, node: &str| {
+        frame(
+            json!({"type": "hello", "protocol_version": PROTOCOL_VERSION,
+                     "worker_id": worker, "node": node, "epoch": 1}),
+        )
+    };
+    assert!(at_router(&hello("gpu-a", "host-1")).is_ok());
+    let max = "w".repeat(den_protocol::wire::MAX_NAME_BYTES);
+    assert!(at_router(&hello(&max, "n")).is_ok());
+    for (worker, node, field) in [
+        ("w\u{1b}]52;c;AAAA\u{7}", "n", "worker_id"),
+        ("w\nINFO forged line", "n", "worker_id"),
+        (&*format!("{max}x"), "n", "worker_id"),
+        (" w", "n", "worker_id"),
+        ("w", "n\u{1b}[2J", "node"),
+        ("w", "", "node"),
+    ] {
+        let err = at_router(&hello(worker, node)).unwrap_err();
+        let message = err.to_string();
+        assert_eq!(invalid_field(err).0, field, "{worker:?} {node:?}");
+        assert!(
+            !message.contains('\n') && !message.contains('\u{1b}'),
+            "{message:?}"
+        );
+    }
+}
+
 #[test]
 fn every_codec_error_is_one_short_line() {
     let long = "x".repeat(10_000);
