@@ -15,16 +15,35 @@ use super::error::ApiError;
 /// answer (the connection is then closed under the client).
 pub const DRAIN_LIMIT: usize = 64 << 20;
 
-/// The body as JSON, or the error that names what was wrong with it.
-pub async fn read_json(headers: &HeaderMap, body: Body, limit: usize) -> Result<Value, ApiError> {
-    check_content_type(headers)?;
-    let too_large = || {
-        ApiError::bad_request(
-            "request_too_large",
-            format!("the request body is larger than {limit} bytes: send a smaller prompt"),
-        )
-        .with_status(StatusCode::PAYLOAD_TOO_LARGE)
-    };
+/// Why a body could not be read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BodyError {
+    /// Over the limit (the excess was drained, so the client reads the answer).
+    TooLarge { limit: usize },
+    /// The connection failed while the body was read.
+    Unreadable(String),
+}
+
+impl std::fmt::Display for BodyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BodyError::TooLarge { limit } => write!(
+                f,
+                "the request body is larger than {limit} bytes: send a smaller one"
+            ),
+            BodyError::Unreadable(e) => write!(f, "could not read the request body: {e}"),
+        }
+    }
+}
+
+/// The body's bytes, at most `limit` of them. An oversized body is read and thrown away
+/// (up to [`DRAIN_LIMIT`]) before the error, so the client sees the answer rather than a
+/// reset connection. Shared by every route that takes a body.
+pub async fn read_limited(
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+) -> Result<Vec<u8>, BodyError> {
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -32,22 +51,33 @@ pub async fn read_json(headers: &HeaderMap, body: Body, limit: usize) -> Result<
     let mut stream = body.into_data_stream();
     if declared.is_some_and(|n| n > limit as u64) {
         drain(&mut stream, 0).await;
-        return Err(too_large());
+        return Err(BodyError::TooLarge { limit });
     }
     let mut bytes = Vec::with_capacity(declared.map_or(1024, |n| n as usize));
     while let Some(frame) = stream.next().await {
-        let frame = frame.map_err(|e| {
-            ApiError::bad_request(
-                "invalid_body",
-                format!("could not read the request body: {e}"),
-            )
-        })?;
+        let frame = frame.map_err(|e| BodyError::Unreadable(e.to_string()))?;
         if bytes.len() + frame.len() > limit {
             drain(&mut stream, bytes.len() + frame.len()).await;
-            return Err(too_large());
+            return Err(BodyError::TooLarge { limit });
         }
         bytes.extend_from_slice(&frame);
     }
+    Ok(bytes)
+}
+
+/// The body as JSON, or the error that names what was wrong with it.
+pub async fn read_json(headers: &HeaderMap, body: Body, limit: usize) -> Result<Value, ApiError> {
+    check_content_type(headers)?;
+    let bytes = read_limited(headers, body, limit)
+        .await
+        .map_err(|e| match e {
+            BodyError::TooLarge { limit } => ApiError::bad_request(
+                "request_too_large",
+                format!("the request body is larger than {limit} bytes: send a smaller prompt"),
+            )
+            .with_status(StatusCode::PAYLOAD_TOO_LARGE),
+            BodyError::Unreadable(_) => ApiError::bad_request("invalid_body", e.to_string()),
+        })?;
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Err(ApiError::bad_request(
             "invalid_json",

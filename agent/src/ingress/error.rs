@@ -191,6 +191,7 @@ impl IntoResponse for ApiError {
                 .headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
+        crate::router::http::retry_after(&mut response);
         response
     }
 }

@@ -58,7 +58,16 @@ fn yes() -> bool {
     true
 }
 
-pub async fn generate(State(handle): State<RouterHandle>, body: Bytes) -> Response {
+pub async fn generate(
+    State(handle): State<RouterHandle>,
+    headers: axum::http::HeaderMap,
+    body: Body,
+) -> Response {
+    use crate::router::http::{MAX_BODY_BYTES, body_status};
+    let body = match crate::ingress::body::read_limited(&headers, body, MAX_BODY_BYTES).await {
+        Ok(b) => b,
+        Err(e) => return error(body_status(&e), &e.to_string()),
+    };
     let body: GenerateBody = match serde_json::from_slice(&body) {
         Ok(b) => b,
         Err(e) => {

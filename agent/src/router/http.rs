@@ -78,7 +78,32 @@ pub fn check_token(handle: &RouterHandle, headers: &HeaderMap) -> Result<(), aut
 
 /// A JSON error body.
 pub fn error(status: StatusCode, message: &str) -> Response {
-    (status, Json(serde_json::json!({ "error": message }))).into_response()
+    let mut response = (status, Json(serde_json::json!({ "error": message }))).into_response();
+    retry_after(&mut response);
+    response
+}
+
+/// A 503 says when to come back: capacity and shutdowns pass within seconds, and load
+/// balancers and clients that honour the header back off instead of hammering.
+pub fn retry_after(response: &mut Response) {
+    if response.status() == StatusCode::SERVICE_UNAVAILABLE {
+        response.headers_mut().insert(
+            axum::http::header::RETRY_AFTER,
+            axum::http::HeaderValue::from_static("1"),
+        );
+    }
+}
+
+/// Largest body the router API and the management API accept (the OpenAI ingress has
+/// its own `max_body_bytes`, the same by default).
+pub const MAX_BODY_BYTES: usize = 4 << 20;
+
+/// The status of a body that could not be read.
+pub fn body_status(e: &crate::ingress::body::BodyError) -> StatusCode {
+    match e {
+        crate::ingress::body::BodyError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+        crate::ingress::body::BodyError::Unreadable(_) => StatusCode::BAD_REQUEST,
+    }
 }
 
 async fn agents(State(handle): State<RouterHandle>, ws: WebSocketUpgrade) -> Response {
@@ -148,4 +173,50 @@ async fn metrics(State(handle): State<RouterHandle>) -> Response {
         handle.metrics().render(),
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use den_protocol::router::RouterError;
+
+    #[test]
+    fn every_503_says_retry_after_and_other_errors_do_not() {
+        let busy = error(StatusCode::SERVICE_UNAVAILABLE, "no capacity");
+        assert_eq!(
+            busy.headers()
+                .get(axum::http::header::RETRY_AFTER)
+                .map(|v| v.as_bytes()),
+            Some(&b"1"[..])
+        );
+        let bad = error(StatusCode::BAD_REQUEST, "no");
+        assert!(bad.headers().get(axum::http::header::RETRY_AFTER).is_none());
+        let managed = crate::router::manage::http::envelope(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "shutting_down",
+            "x",
+        );
+        assert!(
+            managed
+                .headers()
+                .get(axum::http::header::RETRY_AFTER)
+                .is_some()
+        );
+        let openai = crate::ingress::error::ApiError::from_router(&RouterError::NoFeasibleWorker {
+            summary: den_protocol::router::NoFeasible {
+                candidates: 0,
+                infeasible: Vec::new(),
+                attempts: 0,
+                last: None,
+            },
+        })
+        .into_response();
+        assert_eq!(openai.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(
+            openai
+                .headers()
+                .get(axum::http::header::RETRY_AFTER)
+                .is_some()
+        );
+    }
 }

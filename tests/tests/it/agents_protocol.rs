@@ -220,3 +220,32 @@ async fn agents_management_calls_need_the_token() {
     let refused = metric_sum(&router.metrics().await, "den_router_unauthorized_total");
     assert!(refused >= 16.0, "{refused}");
 }
+
+/// An oversized body gets each API's JSON error shape (not axum's plain text), and the
+/// client reads it (the excess is drained) instead of a reset connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_oversized_bodies_are_json_errors() {
+    let router = start_router(Some("tok"), &[]);
+    let client = den_tests::agents::client();
+    let big = vec![b' '; 8 << 20];
+    for path in ["/v1/generate", "/instance"] {
+        let resp = client
+            .post(format!("{}{path}", router.url))
+            .bearer_auth("tok")
+            .header("content-type", "application/json")
+            .body(big.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 413, "{path}");
+        let v: Value = resp
+            .json()
+            .await
+            .unwrap_or_else(|e| panic!("{path}: not JSON: {e}"));
+        let message = match path {
+            "/instance" => v["error"]["message"].as_str().unwrap().to_owned(),
+            _ => v["error"].as_str().unwrap().to_owned(),
+        };
+        assert!(message.contains("request body"), "{path}: {v}");
+    }
+}

@@ -22,7 +22,6 @@
 //! FastAPI's 422 `{"detail": [...]}`, as Skulk answers it.
 
 use axum::Router;
-use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
@@ -81,7 +80,9 @@ pub fn envelope(status: StatusCode, code: &str, message: &str) -> Response {
             "den_code": code,
         }
     });
-    (status, Json(body)).into_response()
+    let mut response = (status, Json(body)).into_response();
+    crate::router::http::retry_after(&mut response);
+    response
 }
 
 fn refusal(r: Refusal) -> Response {
@@ -161,7 +162,23 @@ async fn previews(State(handle): State<RouterHandle>, RawQuery(query): RawQuery)
     }
 }
 
-async fn create(State(handle): State<RouterHandle>, body: Bytes) -> Response {
+async fn create(
+    State(handle): State<RouterHandle>,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Body,
+) -> Response {
+    use crate::ingress::body::{BodyError, read_limited};
+    use crate::router::http::{MAX_BODY_BYTES, body_status};
+    let body = match read_limited(&headers, body, MAX_BODY_BYTES).await {
+        Ok(b) => b,
+        Err(e) => {
+            let code = match e {
+                BodyError::TooLarge { .. } => "request_too_large",
+                BodyError::Unreadable(_) => "invalid_body",
+            };
+            return envelope(body_status(&e), code, &e.to_string());
+        }
+    };
     let body: CreateInstanceRequest = match serde_json::from_slice(&body) {
         Ok(b) => b,
         Err(e) => {
@@ -254,11 +271,17 @@ fn first(pairs: &[(String, String)], key: &str) -> Option<String> {
     pairs.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone())
 }
 
+/// Every value of a repeatable parameter. Skulk repeats the key (`node_ids=A&node_ids=B`);
+/// a comma-separated list (`node_ids=A,B`) means the same here, since no node id holds a
+/// comma, rather than one node named `A,B` that silently matches nothing.
 fn all<'a>(pairs: &'a [(String, String)], key: &'a str) -> impl Iterator<Item = String> + 'a {
     pairs
         .iter()
-        .filter(move |(k, v)| k == key && !v.is_empty())
-        .map(|(_, v)| v.clone())
+        .filter(move |(k, _)| k == key)
+        .flat_map(|(_, v)| v.split(','))
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+        .map(str::to_owned)
 }
 
 fn decode(s: &str) -> String {
@@ -300,5 +323,15 @@ mod tests {
         assert_eq!(all(&q, "node_ids").collect::<Vec<_>>(), vec!["a", "b"]);
         assert_eq!(first(&q, "x").as_deref(), Some("%zz"));
         assert!(parse_query("").is_empty());
+    }
+
+    #[test]
+    fn comma_separated_node_lists_mean_each_node() {
+        let q = parse_query("model_id=m&excluded_node_ids=a,b&excluded_node_ids=c&node_ids=%2C");
+        assert_eq!(
+            all(&q, "excluded_node_ids").collect::<Vec<_>>(),
+            vec!["a", "b", "c"]
+        );
+        assert_eq!(all(&q, "node_ids").count(), 0);
     }
 }
