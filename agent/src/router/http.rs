@@ -38,7 +38,38 @@ pub fn routes(handle: RouterHandle) -> Router {
         .merge(guarded)
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
         .with_state(handle)
+}
+
+/// `/readyz`, for load balancers: 200 while the router takes requests and at least one
+/// live worker that is not draining serves a model; otherwise 503 with the reason (and
+/// `Retry-After`), so traffic goes elsewhere during a drain or before workers join.
+/// `/healthz` stays liveness only. Open like `/healthz`: it says nothing secret.
+async fn readyz(State(handle): State<RouterHandle>) -> Response {
+    if handle.shutting_down() {
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: the router is shutting down",
+        );
+    }
+    let workers = handle.workers().await;
+    let serving = workers
+        .iter()
+        .filter(|w| !w.draining && !w.models.is_empty())
+        .count();
+    if serving == 0 {
+        let why = if workers.is_empty() {
+            "not ready: no worker is connected".to_owned()
+        } else {
+            format!(
+                "not ready: {} worker(s) connected, none serving a model (draining or empty)",
+                workers.len()
+            )
+        };
+        return error(StatusCode::SERVICE_UNAVAILABLE, &why);
+    }
+    Json(serde_json::json!({ "ready": true, "serving_workers": serving })).into_response()
 }
 
 /// Middleware: the 401 before any handler (and so before a WebSocket upgrade) runs.

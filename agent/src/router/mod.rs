@@ -203,6 +203,11 @@ impl RouterHandle {
         rx.await.ok().flatten()
     }
 
+    /// True once a shutdown began (no new requests are taken).
+    pub fn shutting_down(&self) -> bool {
+        self.shared.shutting_down.load(Ordering::Relaxed)
+    }
+
     /// The newest observation of every live worker.
     pub async fn workers(&self) -> Vec<Observation> {
         let (reply, rx) = oneshot::channel();

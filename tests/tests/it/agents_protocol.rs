@@ -249,3 +249,65 @@ async fn agents_oversized_bodies_are_json_errors() {
         assert!(message.contains("request body"), "{path}: {v}");
     }
 }
+
+/// `/readyz` tells a load balancer whether to send traffic: not before a worker serves a
+/// model, not while the only worker drains; `/healthz` stays liveness only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_readyz_follows_workers_and_drains() {
+    let router = start_router(Some("tok"), &[]);
+    let client = den_tests::agents::client();
+    let ready = |client: reqwest::Client, url: String| async move {
+        let resp = client.get(format!("{url}/readyz")).send().await.unwrap();
+        let status = resp.status().as_u16();
+        let retry = resp.headers().get("retry-after").is_some();
+        let body = resp.text().await.unwrap();
+        (status, retry, body)
+    };
+    let (status, retry, body) = ready(client.clone(), router.url.clone()).await;
+    assert_eq!((status, retry), (503, true), "{body}");
+    assert!(body.contains("no worker"), "{body}");
+    let health = client
+        .get(format!("{}/healthz", router.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 200);
+
+    let _worker = start_worker(&router, "w1", false, &[]);
+    router.wait_workers(&["w1"]).await;
+    den_tests::agents::wait_for("ready with a worker", Duration::from_secs(20), || {
+        let (client, url) = (client.clone(), router.url.clone());
+        async move { (ready(client, url).await.0 == 200).then_some(()) }
+    })
+    .await;
+
+    assert!(
+        router
+            .post("/v1/workers/w1/drain")
+            .await
+            .status()
+            .is_success()
+    );
+    let body =
+        den_tests::agents::wait_for("not ready while draining", Duration::from_secs(20), || {
+            let (client, url) = (client.clone(), router.url.clone());
+            async move {
+                let (status, _, body) = ready(client, url).await;
+                (status == 503).then_some(body)
+            }
+        })
+        .await;
+    assert!(body.contains("draining"), "{body}");
+    assert!(
+        router
+            .post("/v1/workers/w1/undrain")
+            .await
+            .status()
+            .is_success()
+    );
+    den_tests::agents::wait_for("ready again", Duration::from_secs(20), || {
+        let (client, url) = (client.clone(), router.url.clone());
+        async move { (ready(client, url).await.0 == 200).then_some(()) }
+    })
+    .await;
+}
