@@ -128,8 +128,38 @@ pub async fn serve(socket: WebSocket, handle: RouterHandle) {
     });
 
     // --- reader --------------------------------------------------------------------------
+    // A worker sends its first heartbeat well inside the timeout it was just told; a
+    // connection that says hello and then nothing is dead or hostile, and holding it open
+    // would only spend a descriptor. After that first frame, silence is discovery's
+    // business: a paused worker is detached but keeps its socket, so its late frames
+    // still arrive on it and are fenced there.
+    let silence = o.heartbeat_timeout.max(Duration::from_millis(1));
+    let mut heard = false;
     loop {
-        let msg = match stream.next().await {
+        let next = if heard {
+            Ok(stream.next().await)
+        } else {
+            tokio::time::timeout(silence, stream.next()).await
+        };
+        let next = match next {
+            Ok(next) => next,
+            Err(_) => {
+                tracing::warn!(
+                    worker = %hello.worker_id,
+                    conn = conn.0,
+                    "closing the connection: no frame after hello within the heartbeat timeout ({} ms)",
+                    silence.as_millis()
+                );
+                handle.metrics().counter_add(
+                    "den_router_silent_closed_total",
+                    "Worker connections closed because no frame followed hello within the heartbeat timeout.",
+                    &[],
+                    1.0,
+                );
+                break;
+            }
+        };
+        let msg = match next {
             None => break,
             Some(Err(e)) => {
                 tracing::warn!(worker = %hello.worker_id, conn = conn.0, "worker socket error: {e}");
@@ -143,6 +173,7 @@ pub async fn serve(socket: WebSocket, handle: RouterHandle) {
         let Some(bytes) = frame_bytes(&msg) else {
             continue; // ping / pong
         };
+        heard = true;
         match decode_for_router(bytes, max_frame) {
             Ok(ToRouter::Hello(_)) => {
                 let _ = outbound.try_send(Outbound::Refuse {

@@ -311,3 +311,28 @@ async fn agents_readyz_follows_workers_and_drains() {
     })
     .await;
 }
+
+/// A connection that says hello and then nothing is closed once the heartbeat timeout
+/// passes, instead of holding a descriptor forever (a worker that heartbeated and then
+/// paused keeps its socket: agents_faults covers its late result).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_a_silent_connection_is_closed_after_the_heartbeat_timeout() {
+    let router = start_router(
+        Some("tok"),
+        &["--heartbeat-interval", "250ms", "--heartbeat-timeout", "1s"],
+    );
+    let mut ws = connect(&router, Some("tok")).await.unwrap();
+    ws.send(Message::text(hello(PROTOCOL_VERSION, "mute")))
+        .await
+        .unwrap();
+    let welcome = next_json(&mut ws).await.expect("welcome");
+    assert_eq!(welcome["type"], "welcome", "{welcome}");
+    let started = std::time::Instant::now();
+    assert_closed(&mut ws).await;
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "closed before the timeout"
+    );
+    let closed = metric_sum(&router.metrics().await, "den_router_silent_closed_total");
+    assert_eq!(closed, 1.0);
+}
