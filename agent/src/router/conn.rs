@@ -23,6 +23,7 @@ use den_protocol::wire::{
 
 use crate::router::RouterHandle;
 use crate::router::actor::{Command, Outbound};
+use crate::router::identity::Admission;
 
 /// Frames buffered towards one worker; a full queue is a send failure (detach).
 pub const OUTBOUND_QUEUE: usize = 4096;
@@ -73,6 +74,19 @@ pub async fn serve(socket: WebSocket, handle: RouterHandle) {
             return;
         }
     };
+    match handle.admit_identity(&hello.worker_id, hello.credential.as_deref()) {
+        Admission::Pinned | Admission::Known => {}
+        Admission::Unproven => tracing::warn!(
+            worker = %hello.worker_id,
+            conn = conn.0,
+            "worker sent no credential (an older den-agent): admitted, but its name is not protected"
+        ),
+        Admission::Refused(detail) => {
+            tracing::warn!(worker = %hello.worker_id, conn = conn.0, "refused: {detail}");
+            refuse(&handle, &mut sink, RefusalReason::Unauthorized, detail).await;
+            return;
+        }
+    }
     let o = handle.options();
     let welcome = RouterHandshake::Welcome(Welcome {
         protocol_version: PROTOCOL_VERSION,

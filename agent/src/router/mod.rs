@@ -28,6 +28,7 @@ pub mod conn;
 pub mod feed;
 pub mod generate;
 pub mod http;
+pub mod identity;
 pub mod manage;
 pub mod timers;
 
@@ -122,6 +123,8 @@ pub(crate) struct Shared {
     /// The instance that served each completed request of a placed model, until its
     /// record is collected (the ingress names it as `served_by`).
     served_by: Mutex<BTreeMap<RequestId, String>>,
+    /// The credential (its sha256) each worker name was first seen with (`conn.rs`).
+    pub(crate) identities: Mutex<BTreeMap<WorkerId, [u8; 32]>>,
 }
 
 impl Shared {
@@ -201,6 +204,20 @@ impl RouterHandle {
         })
         .await;
         rx.await.ok().flatten()
+    }
+
+    /// Pins or checks a worker's credential ([`identity::admit`]).
+    pub(crate) fn admit_identity(
+        &self,
+        worker: &WorkerId,
+        credential: Option<&str>,
+    ) -> identity::Admission {
+        let mut pins = self
+            .shared
+            .identities
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        identity::admit(&mut pins, worker, credential)
     }
 
     /// True once a shutdown began (no new requests are taken).
@@ -337,6 +354,7 @@ impl RouterServer {
                 .map(|d| d.as_millis() as u64)
                 .unwrap_or(0),
             served_by: Mutex::new(BTreeMap::new()),
+            identities: Mutex::new(BTreeMap::new()),
             opts,
         });
         let actor = tokio::spawn(actor::RouterActor::new(Arc::clone(&shared)).run(rx));

@@ -20,6 +20,7 @@ pub mod admin;
 pub mod device;
 pub mod epoch;
 pub mod faults;
+pub mod identity;
 pub mod link;
 pub mod meters;
 pub mod models;
@@ -149,6 +150,8 @@ pub enum WorkerError {
     #[error(transparent)]
     Epoch(#[from] epoch::EpochError),
     #[error(transparent)]
+    Identity(#[from] identity::IdentityError),
+    #[error(transparent)]
     Memory(#[from] MemoryError),
     #[error("storage tier: {0}")]
     Tier(#[from] TierError),
@@ -231,6 +234,7 @@ pub async fn start(opts: WorkerOptions) -> Result<RunningWorker, WorkerError> {
         )));
     }
     let epoch = epoch::advance(&opts.data_dir)?;
+    let credential = identity::load_or_create(&opts.data_dir)?;
     let geometry = ArenaGeometry::new(opts.page_size, opts.pages, opts.kv_bytes_per_token)?;
     let memory: Box<dyn PageMemory> = match opts.backend {
         Backend::Host => Box::new(HostMemory::open(geometry)?),
@@ -355,6 +359,7 @@ pub async fn start(opts: WorkerOptions) -> Result<RunningWorker, WorkerError> {
             worker_id: opts.name.clone(),
             node: opts.node.clone(),
             epoch,
+            credential: Some(credential),
         },
         max_frame: opts.max_frame,
     };

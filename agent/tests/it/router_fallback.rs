@@ -55,6 +55,7 @@ async fn worker(addr: std::net::SocketAddr, name: &str, obs: Observation) -> Ws 
         worker_id: name.into(),
         node: name.into(),
         epoch: Epoch(1),
+        credential: None,
     };
     send(&mut ws, &ToRouter::Hello(hello)).await;
     assert_eq!(next(&mut ws).await["type"], "welcome");

@@ -196,11 +196,18 @@ pub fn decode_for_router(bytes: &[u8], max_frame: usize) -> Result<ToRouter, Cod
             name("worker_id", worker_id.as_str())?;
             let node: NodeId = field(&mut obj, "node")?;
             name("node", node.as_str())?;
+            let credential: Option<String> = opt_field(&mut obj, "credential")?;
+            if let Some(c) = &credential
+                && (c.len() != 64 || !c.bytes().all(|b| b.is_ascii_hexdigit()))
+            {
+                return Err(invalid("credential", "must be 64 hexadecimal digits"));
+            }
             Ok(ToRouter::Hello(Hello {
                 protocol_version: PROTOCOL_VERSION,
                 worker_id,
                 node,
                 epoch: field(&mut obj, "epoch")?,
+                credential,
             }))
         }
         "heartbeat" => Ok(ToRouter::Heartbeat(Box::new(Heartbeat {

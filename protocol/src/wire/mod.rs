@@ -280,6 +280,11 @@ pub struct Hello {
     pub worker_id: WorkerId,
     pub node: NodeId,
     pub epoch: Epoch,
+    /// The worker's own secret (64 hex digits, kept in its data directory), which the
+    /// router pins to `worker_id` on first contact: the shared token lets a process join,
+    /// only this lets it be *that* worker. Absent from workers older than this field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential: Option<String>,
 }
 
 /// A heartbeat: the worker's current observation (spec §5.2).

@@ -74,6 +74,7 @@ fn router_frames() -> Vec<ToRouter> {
             worker_id: me(),
             node: "node-a".into(),
             epoch: Epoch(3),
+            credential: Some("0123456789abcdef".repeat(4)),
         }),
         ToRouter::Heartbeat(Box::new(Heartbeat {
             observation: observation(),

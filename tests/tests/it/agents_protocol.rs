@@ -336,3 +336,29 @@ async fn agents_a_silent_connection_is_closed_after_the_heartbeat_timeout() {
     let closed = metric_sum(&router.metrics().await, "den_router_silent_closed_total");
     assert_eq!(closed, 1.0);
 }
+
+/// A holder of the shared token cannot take over a live worker's name (and receive its
+/// offers, prompt tokens included): the router pinned the real worker's credential.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_an_impostor_cannot_take_over_a_workers_name() {
+    let router = start_router(Some("tok"), &[]);
+    let _real = start_worker(&router, "w1", false, &[]);
+    router.wait_workers(&["w1"]).await;
+    for credential in [Some("f".repeat(64)), None] {
+        let mut ws = connect(&router, Some("tok")).await.unwrap();
+        let mut impostor = json!({"type": "hello", "protocol_version": PROTOCOL_VERSION,
+                                  "worker_id": "w1", "node": "w1", "epoch": 99});
+        if let Some(c) = &credential {
+            impostor["credential"] = json!(c);
+        }
+        ws.send(Message::text(impostor.to_string())).await.unwrap();
+        expect_refused(&mut ws, "unauthorized", "belongs to another process").await;
+    }
+    // The real worker still holds its route and serves.
+    let g = router
+        .generate(body("after-impostor", &prompt(7, 32), 4))
+        .await;
+    assert_eq!(g.kind(), "completed");
+    assert_eq!(g.worker(), "w1");
+    assert!(router.proc.log().contains("belongs to another process"));
+}
