@@ -169,10 +169,7 @@ impl ManagementClient {
             .await
             .map_err(|e| transport_failure(&self.origin(), &e))?;
         let status = resp.status().as_u16();
-        let body = resp
-            .text()
-            .await
-            .map_err(|e| transport_failure(&self.origin(), &e))?;
+        let body = read_capped(resp, &self.origin()).await?;
         Ok(HttpAnswer {
             status,
             body,
@@ -267,4 +264,45 @@ mod tests {
         let err = c.execute(&HttpIntent::get("/state")).await.unwrap_err();
         assert!(!err.sent, "{err:?}");
     }
+}
+
+/// Largest response body den reads from a source. Skulk's `/state` for a large cluster
+/// is a few megabytes; a peer that sends more is refused rather than allowed to grow the
+/// console's memory without bound.
+pub const MAX_RESPONSE_BYTES: usize = 64 << 20;
+
+/// The body, at most [`MAX_RESPONSE_BYTES`] of it, read chunk by chunk (the
+/// `Content-Length` is not trusted).
+async fn read_capped(
+    mut resp: reqwest::Response,
+    origin: &str,
+) -> Result<String, TransportFailure> {
+    let too_large = || TransportFailure {
+        sent: true,
+        detail: format!(
+            "{origin} answered with more than {} MiB: refusing to read it",
+            MAX_RESPONSE_BYTES >> 20
+        ),
+    };
+    if resp
+        .content_length()
+        .is_some_and(|n| n > MAX_RESPONSE_BYTES as u64)
+    {
+        return Err(too_large());
+    }
+    let mut bytes = Vec::new();
+    while let Some(chunk) = resp
+        .chunk()
+        .await
+        .map_err(|e| transport_failure(origin, &e))?
+    {
+        if bytes.len() + chunk.len() > MAX_RESPONSE_BYTES {
+            return Err(too_large());
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    Ok(match String::from_utf8(bytes) {
+        Ok(s) => s,
+        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+    })
 }

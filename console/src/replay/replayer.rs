@@ -357,7 +357,9 @@ impl Replayer {
             }
             // The end of this segment.
             if let Some(reader) = &self.reader
-                && let Some(bytes) = reader.torn
+                && let Some(bytes) = reader.torn.or(reader
+                    .oversized
+                    .then_some(super::segment::MAX_LINE_BYTES as u64))
                 && let Some(seg) = self.recording.segments.get(self.segment)
             {
                 let path = seg.path.display().to_string();

@@ -38,8 +38,14 @@ pub struct LineReader {
     /// Set once the end was reached and the last line was incomplete (or the compressed
     /// stream ended early): how many bytes were dropped.
     pub torn: Option<u64>,
+    /// Set when a line was longer than [`MAX_LINE_BYTES`]: reading stopped there.
+    pub oversized: bool,
     done: bool,
 }
+
+/// Longest line the replayer reads (a segment is at most 64 MiB, so no line den writes
+/// is longer).
+pub const MAX_LINE_BYTES: usize = 64 << 20;
 
 impl LineReader {
     /// The next complete line, `None` at the end.
@@ -49,9 +55,19 @@ impl LineReader {
         }
         let start = self.offset.unwrap_or(0);
         let mut bytes = Vec::new();
-        match self.inner.read_until(b'\n', &mut bytes) {
+        // Bounded: a file that is not a recording (or a hostile one) may hold a "line" of
+        // gigabytes; no line den writes comes near the limit.
+        match (&mut self.inner)
+            .take(MAX_LINE_BYTES as u64 + 1)
+            .read_until(b'\n', &mut bytes)
+        {
             Ok(0) => {
                 self.done = true;
+                None
+            }
+            Ok(n) if n > MAX_LINE_BYTES => {
+                self.done = true;
+                self.oversized = true;
                 None
             }
             Ok(n) => {
@@ -124,7 +140,14 @@ impl Segment {
         let mut reader = segment.reader_from(0).map_err(io)?;
         let header_line = reader.next_line().ok_or_else(|| ReplayError::Format {
             path: path.display().to_string(),
-            detail: "empty file: no recording header".to_owned(),
+            detail: if reader.oversized {
+                format!(
+                    "not a recording: its first line is longer than {} MiB",
+                    MAX_LINE_BYTES >> 20
+                )
+            } else {
+                "empty file: no recording header".to_owned()
+            },
         })?;
         segment.header =
             format::decode_header(&header_line.bytes).map_err(|e| ReplayError::Format {
@@ -159,6 +182,7 @@ impl Segment {
                 inner: Box::new(BufReader::with_capacity(CHUNK, decoder)),
                 offset: None,
                 torn: None,
+                oversized: false,
                 done: false,
             })
         } else {
@@ -166,6 +190,7 @@ impl Segment {
                 inner: Box::new(BufReader::with_capacity(CHUNK, file)),
                 offset: Some(offset),
                 torn: None,
+                oversized: false,
                 done: false,
             })
         }

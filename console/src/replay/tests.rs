@@ -217,3 +217,20 @@ fn a_newer_major_version_is_refused_with_a_clear_message() {
     let err = Replayer::open(&path).err().unwrap().to_string();
     assert!(err.contains("not a den recording"), "{err}");
 }
+
+/// A file whose first "line" is huge is refused after a bounded read, with one line
+/// that says it is not a recording (a 1 GB file used to be read whole first).
+#[test]
+fn a_file_with_an_endless_first_line_is_refused_after_a_bounded_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("huge.jsonl");
+    let f = std::fs::File::create(&path).unwrap();
+    // Sparse: 1 GiB of zero bytes without a newline, no disk used.
+    f.set_len(1 << 30).unwrap();
+    let err = match crate::replay::Replayer::open(&path) {
+        Ok(_) => panic!("opened a non-recording"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("longer than 64 MiB"), "{err}");
+    assert!(!err.contains('\n'));
+}

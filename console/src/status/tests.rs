@@ -338,3 +338,25 @@ async fn status_text_strips_escape_sequences_from_network_names() {
         "a newline in a model name became a line of its own: {text}"
     );
 }
+
+/// A `/state` larger than den reads is refused with one line, not buffered whole.
+#[tokio::test]
+async fn an_oversized_state_is_refused_not_read_whole() {
+    crate::http::install_crypto_provider();
+    let mut fake = Fake::skulk();
+    let mut huge = String::with_capacity(crate::http::MAX_RESPONSE_BYTES + 16);
+    huge.push_str("{\"pad\":\"");
+    huge.push_str(&"x".repeat(crate::http::MAX_RESPONSE_BYTES));
+    huge.push_str("\"}");
+    fake.state = Arc::new(huge);
+    let url = serve(fake).await;
+    let g = gather(
+        &settings(vec![skulk("mgmt", &url)], None),
+        Duration::from_secs(20),
+    )
+    .await
+    .expect("gather");
+    assert_eq!(exit_code(&g), 1, "{:?}", g.problems);
+    let problems = join_problems(&g.problems);
+    assert!(problems.contains("refusing to read it"), "{problems}");
+}
