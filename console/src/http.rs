@@ -233,39 +233,6 @@ fn one_line(e: &reqwest::Error) -> String {
     s.replace('\n', " ")
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn paths_stay_on_the_configured_origin() {
-        let c = ManagementClient::new("http://127.0.0.1:52415", Some("t".into()), DEFAULT_TIMEOUT)
-            .unwrap();
-        assert_eq!(
-            c.url("/state").unwrap().as_str(),
-            "http://127.0.0.1:52415/state"
-        );
-        assert!(c.url("http://evil.example/state").is_err());
-        assert!(c.url("//evil.example/state").is_err());
-        let prefixed = ManagementClient::new("http://h:1/api", None, DEFAULT_TIMEOUT).unwrap();
-        assert_eq!(
-            prefixed.url("/state").unwrap().as_str(),
-            "http://h:1/api/state"
-        );
-        assert!(ManagementClient::new("ftp://h", None, DEFAULT_TIMEOUT).is_err());
-        assert!(ManagementClient::new("not a url", None, DEFAULT_TIMEOUT).is_err());
-        assert!(!format!("{c:?}").contains("\"t\""));
-    }
-
-    #[tokio::test]
-    async fn refused_connection_is_not_sent() {
-        // Port 9 (discard) on loopback is closed on test machines.
-        let c = ManagementClient::new("http://127.0.0.1:9", None, Duration::from_secs(2)).unwrap();
-        let err = c.execute(&HttpIntent::get("/state")).await.unwrap_err();
-        assert!(!err.sent, "{err:?}");
-    }
-}
-
 /// Largest response body den reads from a source. Skulk's `/state` for a large cluster
 /// is a few megabytes; a peer that sends more is refused rather than allowed to grow the
 /// console's memory without bound.
@@ -305,4 +272,37 @@ async fn read_capped(
         Ok(s) => s,
         Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_stay_on_the_configured_origin() {
+        let c = ManagementClient::new("http://127.0.0.1:52415", Some("t".into()), DEFAULT_TIMEOUT)
+            .unwrap();
+        assert_eq!(
+            c.url("/state").unwrap().as_str(),
+            "http://127.0.0.1:52415/state"
+        );
+        assert!(c.url("http://evil.example/state").is_err());
+        assert!(c.url("//evil.example/state").is_err());
+        let prefixed = ManagementClient::new("http://h:1/api", None, DEFAULT_TIMEOUT).unwrap();
+        assert_eq!(
+            prefixed.url("/state").unwrap().as_str(),
+            "http://h:1/api/state"
+        );
+        assert!(ManagementClient::new("ftp://h", None, DEFAULT_TIMEOUT).is_err());
+        assert!(ManagementClient::new("not a url", None, DEFAULT_TIMEOUT).is_err());
+        assert!(!format!("{c:?}").contains("\"t\""));
+    }
+
+    #[tokio::test]
+    async fn refused_connection_is_not_sent() {
+        // Port 9 (discard) on loopback is closed on test machines.
+        let c = ManagementClient::new("http://127.0.0.1:9", None, Duration::from_secs(2)).unwrap();
+        let err = c.execute(&HttpIntent::get("/state")).await.unwrap_err();
+        assert!(!err.sent, "{err:?}");
+    }
 }
