@@ -886,10 +886,17 @@ pub fn text(s: &Summary) -> String {
         );
     }
     for (file, bytes) in &pr.torn {
-        let _ = writeln!(
-            out,
-            "  {file}: the last {bytes} bytes are an incomplete line (the recorder stopped mid-write)"
-        );
+        let _ = match bytes {
+            // A zstd stream cut mid-frame ends in an error with no partial line in hand.
+            0 => writeln!(
+                out,
+                "  {file}: the compressed stream ends early (the recorder stopped mid-write); everything before the cut was read"
+            ),
+            _ => writeln!(
+                out,
+                "  {file}: the last {bytes} bytes are an incomplete line (the recorder stopped mid-write)"
+            ),
+        };
     }
     if pr.skipped_lines > 0 {
         let _ = writeln!(out, "  {} lines could not be read", pr.skipped_lines);
