@@ -64,14 +64,6 @@ pub enum Command {
     /// synthetic workload with shared prefixes through them, and print TTFT and
     /// cache-hit statistics.
     Local(LocalArgs),
-    /// Replay a trace in the Mooncake format through den's routing policy and the
-    /// baselines (round-robin, least-loaded, Dynamo, SGLang, llm-d) on the fleet
-    /// simulator, and print one comparison table.
-    Simulate(crate::simulate::SimulateArgs),
-    /// Replay a scaled slice of a trace on a real router and workers (child processes of
-    /// this binary) and on the fleet simulator with the same synthetic-engine costs, and
-    /// report predicted vs measured TTFT per request.
-    Validate(crate::validate::ValidateArgs),
 }
 
 /// Options of `den-agent router`.

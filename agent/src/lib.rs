@@ -15,8 +15,6 @@ pub mod memory;
 pub mod metrics;
 pub mod router;
 pub mod serving;
-pub mod simulate;
 pub mod tiers;
-pub mod validate;
 pub mod worker;
 pub mod workload;

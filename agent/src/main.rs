@@ -39,8 +39,6 @@ fn main() -> ExitCode {
             Command::Router(args) => router(&args, &file).await,
             Command::Worker(args) => run_worker(&args, &file).await,
             Command::Local(args) => local(&args, &file).await,
-            Command::Simulate(args) => simulate(args).await,
-            Command::Validate(args) => validate(args).await,
         }
     })
 }
@@ -244,36 +242,4 @@ fn fail(code: u8, message: &str) -> ExitCode {
         eprintln!("den-agent: {message}");
     }
     ExitCode::from(code)
-}
-
-/// `den-agent simulate`: CPU-bound, so off the async threads.
-async fn simulate(args: den_agent::simulate::SimulateArgs) -> ExitCode {
-    match tokio::task::spawn_blocking(move || den_agent::simulate::run(&args)).await {
-        Ok(Ok(out)) => {
-            print!("{out}");
-            ExitCode::SUCCESS
-        }
-        Ok(Err(e)) => fail(2, &e),
-        Err(e) => fail(1, &format!("simulate failed: {e}")),
-    }
-}
-
-/// `den-agent validate`: starts this binary as the router and the workers.
-async fn validate(args: den_agent::validate::ValidateArgs) -> ExitCode {
-    let agent = match std::env::current_exe() {
-        Ok(p) => p,
-        Err(e) => {
-            return fail(
-                1,
-                &format!("cannot find this binary to start children: {e}"),
-            );
-        }
-    };
-    match den_agent::validate::run(&args, agent).await {
-        Ok(out) => {
-            print!("{out}");
-            ExitCode::SUCCESS
-        }
-        Err(e) => fail(1, &e),
-    }
 }

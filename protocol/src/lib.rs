@@ -22,8 +22,10 @@
 //! - [`placement`]: the exact-placement workflow (fence, submit, reconcile, probe);
 //! - [`feed`]: the console feed a den router streams to consoles;
 //! - [`session`]: the console's stamped input events (what recordings store);
-//! - [`recording`]: the recording file format (header, lines, version policy, redaction);
-//! - [`fleet`]: the fleet simulator that compares routing policies on production traces.
+//! - [`recording`]: the recording file format (header, lines, version policy, redaction).
+//!
+//! The fleet study (routing policies compared on production traces) reads this crate
+//! but is not part of what runs; it is the `den-fleet` crate.
 
 pub mod calibration;
 pub mod candidate;
@@ -34,7 +36,6 @@ pub mod decision;
 pub mod discovery;
 pub mod evidence;
 pub mod feed;
-pub mod fleet;
 pub mod ids;
 pub mod observation;
 pub mod placement;
