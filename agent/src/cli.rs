@@ -22,7 +22,7 @@ use crate::config::{parse_bytes, parse_duration};
 use crate::engine::EngineCosts;
 use crate::logging::LogFormat;
 use crate::router::RouterOptions;
-use crate::router::manage::Catalog;
+use crate::router::manage::ModelCatalog;
 use crate::tiers::ObjectConfig;
 use crate::worker::{Backend, DEFAULT_MODEL, WorkerOptions};
 
@@ -398,7 +398,9 @@ pub fn router_options(
             .or(dur(&f.drain_timeout, "router.drain_timeout")?)
             .unwrap_or(d.drain_timeout),
         catalog: match a.catalog.as_ref().or(f.catalog.as_ref()) {
-            Some(dir) => std::sync::Arc::new(Catalog::load_dir(dir).map_err(|e| e.to_string())?),
+            Some(dir) => {
+                std::sync::Arc::new(ModelCatalog::load_dir(dir).map_err(|e| e.to_string())?)
+            }
             None => d.catalog,
         },
     };

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use den_protocol::candidate::Tier;
-use den_protocol::candidates::{Catalog, candidates_for};
+use den_protocol::candidates::{ChunkCatalog, candidates_for};
 use den_protocol::decision::DecisionRecord;
 use den_protocol::evidence::{PollFailure, PollFailureKind};
 use den_protocol::feed::{FEED_VERSION, FeedMessage};
@@ -171,7 +171,7 @@ fn request(id: &str, processed: u32, max_new: u32) -> Result<GenerationRequest, 
 /// The simulator's SIM-7 cluster (gpu-a holds SSD replicas of the first three chunks,
 /// gpu-b, with 45 ms of queue, advertises all 256 tokens in GPU pages) plus a third
 /// worker that cannot take the request, so the record shows an infeasible candidate.
-fn cluster(request: &GenerationRequest) -> (Catalog, Vec<Observation>) {
+fn cluster(request: &GenerationRequest) -> (ChunkCatalog, Vec<Observation>) {
     let (catalog, mut observations) = sim7_cluster(request, SIM_MODEL, "gpu-a", "gpu-b");
     let mut full = sim7_worker("gpu-c", SIM_MODEL, 0.0);
     full.free_pages = 0;

@@ -33,12 +33,12 @@ pub struct ChunkEntry {
 
 /// The chunk catalog: published chunks and which node holds a ready RAM/SSD replica.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Catalog {
+pub struct ChunkCatalog {
     chunks: BTreeMap<(ModelFingerprint, PrefixHash), ChunkEntry>,
     replicas: BTreeMap<(NodeId, ModelFingerprint, PrefixHash), BTreeSet<Tier>>,
 }
 
-impl Catalog {
+impl ChunkCatalog {
     /// Publish a chunk (idempotent; a later publication may add the object flag).
     pub fn publish(&mut self, entry: ChunkEntry) {
         let key = (entry.model.clone(), entry.hash);
@@ -145,7 +145,7 @@ pub fn candidates_for<'a>(
     request: &GenerationRequest,
     chunk_size: u32,
     observations: impl IntoIterator<Item = &'a Observation>,
-    catalog: &Catalog,
+    catalog: &ChunkCatalog,
 ) -> Vec<Candidate> {
     let plan = plan_chunks(request.processed_tokens(), chunk_size);
     let run = catalog.matched_run(&request.model, &plan);
@@ -161,7 +161,7 @@ fn worker_candidates(
     plan: &[ChunkDescriptor],
     run: &[(&ChunkDescriptor, &ChunkEntry)],
     obs: &Observation,
-    catalog: &Catalog,
+    catalog: &ChunkCatalog,
 ) -> Vec<Candidate> {
     let base = base_candidate(request, obs);
     let mut out = vec![base.clone()];
@@ -236,7 +236,7 @@ fn base_candidate(request: &GenerationRequest, obs: &Observation) -> Candidate {
 /// without a throughput figure is unusable; ties prefer ram < ssd < object.
 fn fastest_source(
     obs: &Observation,
-    catalog: &Catalog,
+    catalog: &ChunkCatalog,
     model: &ModelFingerprint,
     entry: &ChunkEntry,
 ) -> Option<(Tier, f64)> {
@@ -275,7 +275,7 @@ mod tests {
 
     /// The candidates-test fixture of spec §7.3: tokens [1..7] ⇒ P 6, chunk 2 ⇒ 3 chunks
     /// of 200 bytes; page 2, prefill 10, first 1, GPU 1000 B/ms, ssd 1000 B/ms, object 1 B/ms.
-    fn fixture() -> (GenerationRequest, Observation, Catalog) {
+    fn fixture() -> (GenerationRequest, Observation, ChunkCatalog) {
         let request = GenerationRequest::new("r", MODEL, (1..=7).collect(), 1).unwrap();
         let mut obs = Observation::new("w", "node-w");
         obs.models.insert(MODEL.into());
@@ -286,7 +286,7 @@ mod tests {
         obs.gpu_restore_bytes_per_ms = 1000.0;
         obs.tier_throughput_bytes_per_ms.insert(Tier::Ssd, 1000.0);
         obs.tier_throughput_bytes_per_ms.insert(Tier::Object, 1.0);
-        let mut catalog = Catalog::default();
+        let mut catalog = ChunkCatalog::default();
         for d in plan_chunks(request.processed_tokens(), 2) {
             catalog.publish(ChunkEntry {
                 model: MODEL.into(),
@@ -301,7 +301,7 @@ mod tests {
         (request, obs, catalog)
     }
 
-    fn ssd_replicas(catalog: &mut Catalog, request: &GenerationRequest, chunks: usize) {
+    fn ssd_replicas(catalog: &mut ChunkCatalog, request: &GenerationRequest, chunks: usize) {
         for d in plan_chunks(request.processed_tokens(), 2)
             .into_iter()
             .take(chunks)
@@ -313,7 +313,7 @@ mod tests {
     fn best(
         request: &GenerationRequest,
         obs: &Observation,
-        catalog: &Catalog,
+        catalog: &ChunkCatalog,
     ) -> (Tier, u32, u64, f64) {
         let r = rank(request, candidates_for(request, 2, [obs], catalog));
         let b = &r.feasible[0];
@@ -360,7 +360,7 @@ mod tests {
         let (request, mut obs, mut catalog) = fixture();
         obs.object_store = true;
         let plan = plan_chunks(request.processed_tokens(), 2);
-        let object = |c: &Catalog| {
+        let object = |c: &ChunkCatalog| {
             candidates_for(&request, 2, [&obs], c)
                 .iter()
                 .filter(|c| c.tier == Tier::Object)
@@ -453,7 +453,7 @@ mod tests {
         obs.object_store = true;
         let plan = plan_chunks(request.processed_tokens(), 2);
         // Re-publish chunk 2 under a wrong parent: chunk 3 must not become loadable.
-        let mut bad = Catalog::default();
+        let mut bad = ChunkCatalog::default();
         for (i, d) in plan.iter().enumerate() {
             let parent = if i == 1 { PrefixHash::ROOT } else { d.parent };
             bad.publish(ChunkEntry {
@@ -483,7 +483,7 @@ mod tests {
         let mib = 1024 * 1024;
         let request = GenerationRequest::new("request-1", MODEL, (0..=256).collect(), 8).unwrap();
         let plan = plan_chunks(request.processed_tokens(), 64);
-        let mut catalog = Catalog::default();
+        let mut catalog = ChunkCatalog::default();
         for d in &plan {
             catalog.publish(ChunkEntry {
                 model: MODEL.into(),

@@ -3,7 +3,7 @@
 
 use super::{SimConfig, Simulation, narrate};
 use crate::candidate::Tier;
-use crate::candidates::{Catalog, ChunkEntry, candidates_for};
+use crate::candidates::{ChunkCatalog, ChunkEntry, candidates_for};
 use crate::chunk::plan_chunks;
 use crate::ids::RequestId;
 use crate::observation::{GpuPrefix, Observation};
@@ -74,9 +74,9 @@ pub fn sim7_cluster(
     model: &str,
     warm: &str,
     busy: &str,
-) -> (Catalog, Vec<Observation>) {
+) -> (ChunkCatalog, Vec<Observation>) {
     let plan = plan_chunks(request.processed_tokens(), CHUNK);
-    let mut catalog = Catalog::default();
+    let mut catalog = ChunkCatalog::default();
     for d in plan.iter().take(4) {
         catalog.publish(ChunkEntry {
             model: model.into(),
