@@ -6,7 +6,8 @@
 use std::path::{Path, PathBuf};
 
 use den_protocol::candidate::Tier;
-use den_protocol::candidates::{ChunkCatalog, candidates_for};
+use den_protocol::candidate_generation::candidates_for;
+use den_protocol::chunk_catalog::ChunkCatalog;
 use den_protocol::decision::DecisionRecord;
 use den_protocol::evidence::{PollFailure, PollFailureKind};
 use den_protocol::feed::{FEED_VERSION, FeedMessage};

@@ -8,7 +8,9 @@
 //! - [`ids`], [`time`], [`request`]: identities, logical time, validated requests;
 //! - [`candidate`]: candidates, estimates (predicted TTFT) and ranking;
 //! - [`chunk`]: chained prefix hashes at a fixed chunk size;
-//! - [`candidates`]: candidate generation from observations and the chunk catalog;
+//! - [`chunk_catalog`]: the chunk catalog (published chunks and their replicas);
+//! - [`candidate_generation`]: a request's candidates from observations and the chunk
+//!   catalog;
 //! - [`discovery`]: the discovery registry and connection-bound routes;
 //! - [`pool`]: page-pool accounting (routes, forks, copy-on-write, reservations, eviction);
 //! - [`observation`]: heartbeat payloads; [`calibration`]: EWMA cost calibration;
@@ -29,9 +31,10 @@
 
 pub mod calibration;
 pub mod candidate;
-pub mod candidates;
+pub mod candidate_generation;
 pub mod capacity;
 pub mod chunk;
+pub mod chunk_catalog;
 pub mod decision;
 pub mod discovery;
 pub mod evidence;

@@ -9,8 +9,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use den_protocol::candidate::Tier;
-use den_protocol::candidates::{ChunkCatalog, ChunkEntry, candidates_for};
+use den_protocol::candidate_generation::candidates_for;
 use den_protocol::chunk::plan_chunks;
+use den_protocol::chunk_catalog::{ChunkCatalog, ChunkEntry};
 use den_protocol::decision::DecisionRecord;
 use den_protocol::feed::{FEED_VERSION, FeedMessage};
 use den_protocol::ids::{RequestId, WorkerId};

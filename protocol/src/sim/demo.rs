@@ -3,8 +3,9 @@
 
 use super::{SimConfig, Simulation, narrate};
 use crate::candidate::Tier;
-use crate::candidates::{ChunkCatalog, ChunkEntry, candidates_for};
+use crate::candidate_generation::candidates_for;
 use crate::chunk::plan_chunks;
+use crate::chunk_catalog::{ChunkCatalog, ChunkEntry};
 use crate::ids::RequestId;
 use crate::observation::{GpuPrefix, Observation};
 use crate::request::GenerationRequest;

@@ -5,9 +5,10 @@ use crate::common;
 
 use common::{MODEL, cand, near_far, sim_request};
 use den_protocol::candidate::{Candidate, Tier};
-use den_protocol::candidates::{ChunkCatalog, ChunkEntry, candidates_for};
+use den_protocol::candidate_generation::candidates_for;
 use den_protocol::capacity::{Capacity, DeclineReason};
 use den_protocol::chunk::plan_chunks;
+use den_protocol::chunk_catalog::{ChunkCatalog, ChunkEntry};
 use den_protocol::decision::AttemptOutcome;
 use den_protocol::ids::{AssignmentId, Epoch, RequestId, WorkerId};
 use den_protocol::observation::{GpuPrefix, Observation};

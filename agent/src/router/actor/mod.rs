@@ -28,8 +28,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::{broadcast, mpsc, oneshot};
 
 use den_protocol::candidate::Tier;
-use den_protocol::candidates::{ChunkCatalog, candidates_for};
+use den_protocol::candidate_generation::candidates_for;
 use den_protocol::chunk::plan_chunks;
+use den_protocol::chunk_catalog::ChunkCatalog;
 use den_protocol::decision::{
     AttemptOutcome, DecisionEvent, DecisionEventKind, DecisionRecord, TerminalOutcome,
 };
