@@ -8,9 +8,9 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
-use super::den::DecisionRecord;
+use super::den::StudyDecision;
 use super::policy::PolicyKind;
-use super::sim::{FleetConfig, PolicyRun, run_policy};
+use super::replay::{FleetConfig, PolicyRun, run_policy};
 use super::trace::Workload;
 
 /// One policy's mean TTFT split into the request's own prefill (alone on an idle GPU,
@@ -69,7 +69,7 @@ pub struct Contrast {
     pub other_ttft_ms: f64,
     pub other_worker: u32,
     pub other_reused_tokens: u32,
-    pub record: DecisionRecord,
+    pub record: StudyDecision,
 }
 
 /// The run of the best policy other than den (lowest mean TTFT), if any.

@@ -40,8 +40,8 @@ pub mod load;
 pub mod metrics;
 pub mod plan;
 pub mod policy;
+pub mod replay;
 pub mod scale;
-pub mod sim;
 pub mod simulate;
 pub mod synthetic;
 pub mod trace;
@@ -49,7 +49,7 @@ pub mod validate;
 pub mod worker;
 
 pub use cost::CostModel;
-pub use den::{DecisionRecord, DenOptions, DenPolicy, QueueModel};
+pub use den::{DenOptions, DenPolicy, QueueModel, StudyDecision};
 pub use explain::{
     Contrast, TimeSplit, best_other, contrasts, contrasts_text, time_split, time_split_text,
 };
@@ -57,8 +57,8 @@ pub use heartbeat::Heartbeats;
 pub use load::WorkerLoad;
 pub use metrics::{FleetReport, PolicyReport};
 pub use policy::{FleetView, Policy, PolicyError, PolicyKind, Route, RouteRequest, parse_policies};
+pub use replay::{FleetConfig, PolicyRun, run_policy, run_with};
 pub use scale::{Scale, ScaleError, ScaledRequest, ScaledTrace, SliceSpec, slice};
-pub use sim::{FleetConfig, PolicyRun, run_policy, run_with};
 pub use synthetic::{SerialEngine, SyntheticProfile};
 pub use trace::{Trace, TraceError, TraceRequest, Workload, expand_blocks, expand_tokens};
 

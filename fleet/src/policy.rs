@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use super::baselines::{DynamoPolicy, LlmdPolicy, SglangPolicy};
 use super::cost::{CostModel, Micros};
-use super::den::{DecisionRecord, DenOptions, DenPolicy};
+use super::den::{DenOptions, DenPolicy, StudyDecision};
 use super::load::WorkerLoad;
 use super::worker::{Reuse, Shared, Source, Worker, source_of};
 use den_protocol::ids::WorkerId;
@@ -44,7 +44,7 @@ pub struct Route {
     /// added to the worker's reported queue until its next heartbeat, as den-agent's
     /// router does with the work it offered.
     pub added_work_ms: Option<f64>,
-    pub record: Option<DecisionRecord>,
+    pub record: Option<StudyDecision>,
 }
 
 impl Route {

@@ -1,8 +1,8 @@
 //! `den-fleet simulate`: replay a Mooncake-format trace through den's routing policy and
 //! the baselines (round-robin, least-loaded, Dynamo, SGLang, llm-d) on the deterministic
-//! fleet simulator of this crate, and print one comparison table per fleet
-//! size (mean/p50/p99 TTFT, throughput, prefix hit rate, tokens recomputed, bytes moved
-//! per tier, evictions, per-worker load spread).
+//! fleet simulator of this crate ([`crate::replay`]), and print one comparison table per
+//! fleet size (mean/p50/p99 TTFT, throughput, prefix hit rate, tokens recomputed, bytes
+//! moved per tier, evictions, per-worker load spread).
 //!
 //! The simulation itself is pure (the rest of this crate); this module reads the trace
 //! file, parses the options and runs the policies on two threads (each replay is

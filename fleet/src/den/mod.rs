@@ -70,10 +70,11 @@ impl Shape<'_> {
     }
 }
 
-/// A routing decision with everything needed to explain it (spec §6.5): the candidates
-/// in offer order, the choice, and — filled in after the run — what happened.
+/// A routing decision of the fleet study with everything needed to explain it (spec
+/// §6.5): the candidates in offer order, the choice, and — filled in after the run —
+/// what happened. The real router's record is `den_protocol::decision::DecisionRecord`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct DecisionRecord {
+pub struct StudyDecision {
     pub request: usize,
     pub line: usize,
     pub at_ms: f64,
@@ -144,7 +145,7 @@ impl Policy for DenPolicy {
             .position(|w| w.id == decision.chosen.candidate.worker_id)
             .unwrap_or(0);
         let blocks = blocks_for(&block_tokens, decision.chosen.candidate.cached_token_count);
-        let record = request.explain.then(|| DecisionRecord {
+        let record = request.explain.then(|| StudyDecision {
             request: request.index,
             line: request.line,
             at_ms: fleet.now as f64 / 1000.0,

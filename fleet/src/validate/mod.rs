@@ -27,10 +27,11 @@
 //!                    [--json] [--rows] [--agent PATH] [profile flags: --prefill-ms-per-token …]
 //! ```
 //!
-//! The replay itself is in `validate/replay.rs`, the report in `validate/report.rs`.
+//! The replay on the real agents is in `validate/measure.rs`, the report in
+//! `validate/report.rs`.
 
 mod follow;
-mod replay;
+mod measure;
 mod report;
 
 use std::path::{Path, PathBuf};
@@ -48,7 +49,7 @@ use crate::{
 };
 
 pub use self::follow::FollowRouter;
-pub use self::replay::{Measured, WorkerCalibration};
+pub use self::measure::{Measured, WorkerCalibration};
 pub use self::report::{Errors, Row, Summary, ValidationReport, worker_index};
 
 /// Options of `den-fleet validate`.
@@ -322,9 +323,9 @@ pub async fn run(args: &ValidateArgs, agent: PathBuf) -> Result<String, String> 
         }
     };
     let started = std::time::Instant::now();
-    let measured = replay::replay(&cluster.router_url, &plan.slice).await;
+    let measured = measure::replay(&cluster.router_url, &plan.slice).await;
     let wall_s = started.elapsed().as_secs_f64();
-    let calibration = replay::calibration(&cluster.router_url).await;
+    let calibration = measure::calibration(&cluster.router_url).await;
     cluster.stop().await;
     let sim = {
         let (slice, lagged, fresh) = (

@@ -7,6 +7,6 @@
 mod fleet_cache;
 mod fleet_plan;
 mod fleet_policies;
-mod fleet_sim;
+mod fleet_replay;
 mod fleet_synthetic;
 mod fleet_trace;

@@ -1,4 +1,6 @@
-//! The deterministic simulator (spec §7.1).
+//! The deterministic simulator (spec §7.1) of the real router and worker machines. Not the
+//! fleet study's policy-comparison replay (`den-fleet`, module `replay`), which models
+//! workers of its own and shares only the estimate.
 //!
 //! A [`Simulation`] is a plain value (`Clone + PartialEq + Serialize`): logical time in
 //! integer milliseconds, an event queue ordered by `(due, seq)`, the production

@@ -1,5 +1,11 @@
-//! The discrete-event replay: arrivals in trace order, routed by one policy, executed by
-//! the simulated workers.
+//! The fleet simulator's discrete-event replay: arrivals in trace order, routed by one
+//! policy, executed by the simulated workers.
+//!
+//! Three names for three things: this replay (the fleet study's own worker, cache and
+//! cost models; only the estimate is shared with what runs); `den_protocol::sim` (the
+//! deterministic simulator that drives the real router and worker machines through the
+//! spec's scenarios); and [`crate::simulate`] (the `den-fleet simulate` command, which
+//! runs this replay once per policy and fleet size).
 //!
 //! Events are (time, worker) step ends and wake-ups in a min-heap; each worker holds at
 //! most one live event (older ones carry a stale version and are skipped). Before an
@@ -15,7 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use super::cache::TierTraffic;
 use super::cost::{CostModel, Micros};
-use super::den::{DecisionRecord, DenOptions};
+use super::den::{DenOptions, StudyDecision};
 use super::heartbeat::{Beats, Heartbeats};
 use super::metrics::{Latency, PolicyReport, Prediction, Spread, Throughput, TierTokens};
 use super::policy::{FleetView, Policy, PolicyKind, RouteRequest};
@@ -64,7 +70,7 @@ pub struct PolicyRun {
     pub wait_us: Vec<u64>,
     /// The policy's TTFT prediction for each request, ms (den only).
     pub predicted_ttft_ms: Vec<Option<f64>>,
-    pub decisions: Vec<DecisionRecord>,
+    pub decisions: Vec<StudyDecision>,
 }
 
 /// Replays `workload` through a fresh policy of `kind`.
@@ -219,7 +225,7 @@ fn summarise(
     workload: &Workload,
     workers: &[Worker],
     sh: Shared,
-    decisions: Vec<DecisionRecord>,
+    decisions: Vec<StudyDecision>,
     predicted: Vec<Option<f64>>,
 ) -> PolicyRun {
     let mut ttft = Vec::with_capacity(sh.reqs.len());
