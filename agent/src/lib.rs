@@ -6,10 +6,10 @@
 
 pub mod auth;
 pub mod cli;
-pub mod cluster;
 pub mod config;
 pub mod engine;
 pub mod ingress;
+pub mod local_cluster;
 pub mod logging;
 pub mod memory;
 pub mod metrics;

@@ -12,8 +12,8 @@ use std::process::ExitCode;
 use clap::Parser;
 
 use den_agent::cli::{self, Cli, Command, FileConfig, LocalArgs};
-use den_agent::cluster::{ClusterSpec, LocalCluster};
 use den_agent::config;
+use den_agent::local_cluster::{LocalCluster, LocalClusterSpec};
 use den_agent::router::RouterServer;
 use den_agent::workload::{self, WorkloadSpec};
 use den_agent::{logging, worker};
@@ -109,7 +109,7 @@ async fn local(args: &LocalArgs, file: &FileConfig) -> ExitCode {
         Err(e) => return fail(1, &format!("cannot create a temporary directory: {e}")),
     };
     let workers = args.workers.or(f.workers).unwrap_or(3).max(1);
-    let mut spec = ClusterSpec::new(agent, workers, data.clone());
+    let mut spec = LocalClusterSpec::new(agent, workers, data.clone());
     spec.log_dir = args.log_dir.clone().or(f.log_dir.clone());
     let prefill = args
         .prefill_ms_per_token

@@ -62,7 +62,7 @@ impl SimFeed {
         for w in workers {
             sim.add_worker(*w, [SIM_MODEL], Counters::new(4096, 0));
         }
-        let (catalog, observations) = cluster(workers);
+        let (catalog, observations) = routing_view(workers);
         SimFeed {
             sim,
             source: source.into(),
@@ -184,7 +184,7 @@ fn same_but_tokens(a: &DecisionRecord, b: &DecisionRecord) -> bool {
 
 /// A 256-token shared prefix in four catalogued chunks: `gpu-a` holds it in GPU pages,
 /// `gpu-b` has SSD replicas of the first three chunks, `gpu-c` nothing.
-fn cluster(workers: &[&str]) -> (ChunkCatalog, Vec<Observation>) {
+fn routing_view(workers: &[&str]) -> (ChunkCatalog, Vec<Observation>) {
     let tokens: Vec<u32> = (0..=256).collect();
     let plan = plan_chunks(&tokens, 64);
     let mut catalog = ChunkCatalog::default();

@@ -39,8 +39,8 @@ use std::time::Duration;
 
 use clap::Args;
 
-use den_agent::cluster::{ClusterSpec, LocalCluster};
 use den_agent::config::parse_bytes;
+use den_agent::local_cluster::{LocalCluster, LocalClusterSpec};
 
 use crate::simulate::DEFAULT_TRACE;
 use crate::{
@@ -312,7 +312,7 @@ pub async fn run(args: &ValidateArgs, agent: PathBuf) -> Result<String, String> 
     let data = std::env::temp_dir().join(format!("den-validate-{}", std::process::id()));
     std::fs::create_dir_all(&data).map_err(|e| format!("cannot create {}: {e}", data.display()))?;
     let logs = args.log_dir.clone().unwrap_or_else(|| data.join("logs"));
-    let spec = cluster_spec(args, &plan, agent, &data, &logs);
+    let spec = local_cluster_spec(args, &plan, agent, &data, &logs);
     let cluster = match LocalCluster::start(&spec).await {
         Ok(c) => c,
         Err(e) => {
@@ -392,15 +392,15 @@ fn encode(report: &ValidationReport) -> Result<String, String> {
 }
 
 /// The router and the workers, configured like the profile.
-fn cluster_spec(
+fn local_cluster_spec(
     args: &ValidateArgs,
     plan: &Plan,
     agent: PathBuf,
     data: &Path,
     logs: &Path,
-) -> ClusterSpec {
+) -> LocalClusterSpec {
     let p = &plan.profile;
-    let mut spec = ClusterSpec::new(agent, args.workers, data.join("workers"));
+    let mut spec = LocalClusterSpec::new(agent, args.workers, data.join("workers"));
     spec.chunk_size = p.chunk_tokens;
     spec.log_dir = Some(logs.to_path_buf());
     spec.startup_timeout = Duration::from_secs(60);

@@ -39,7 +39,7 @@ fn run() -> Result<String, String> {
     sim.add_worker("warm-ssd", [MODEL], Counters::new(64, 0));
 
     let first = request("request-1", 256)?;
-    let (catalog, observations) = sim7_cluster(&first, MODEL, "warm-ssd", "busy-gpu");
+    let (catalog, observations) = sim7_routing_view(&first, MODEL, "warm-ssd", "busy-gpu");
     let candidates = candidates_for(&first, CHUNK, &observations, &catalog);
     sim.submit(first, candidates);
     sim.run_until_response(&RequestId::from("request-1"), 1_000)
@@ -66,11 +66,12 @@ fn request(id: &str, processed: u32) -> Result<GenerationRequest, String> {
     GenerationRequest::new(id, MODEL, (0..=processed).collect(), 8).map_err(|e| e.to_string())
 }
 
-/// The SIM-7 cluster for `model`: four catalogued 64-token chunks of 1 MiB over the
-/// first 256 tokens of `request`; `warm` (idle) holds SSD replicas of the first three;
-/// `busy` (45 ms of queue) advertises all 256 tokens in GPU pages. Shared with the
-/// console's fixtures so its decision records are the simulator's.
-pub fn sim7_cluster(
+/// What a router sees of the SIM-7 cluster for `model` (its chunk catalog and the
+/// workers' observations): four catalogued 64-token chunks of 1 MiB over the first 256
+/// tokens of `request`; `warm` (idle) holds SSD replicas of the first three; `busy` (45 ms
+/// of queue) advertises all 256 tokens in GPU pages. Shared with the console's fixtures
+/// so its decision records are the simulator's.
+pub fn sim7_routing_view(
     request: &GenerationRequest,
     model: &str,
     warm: &str,

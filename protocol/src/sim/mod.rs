@@ -44,7 +44,7 @@ use crate::router::{Delivery, DeliveryKind, Router, RouterConfig, RouterInput};
 use crate::time::Millis;
 use crate::worker::{Counters, Worker};
 
-pub use demo::{demo, sim7_cluster, sim7_worker};
+pub use demo::{demo, sim7_routing_view, sim7_worker};
 pub use narrate::narrate;
 pub use queue::SimEvent;
 pub use trace::{Endpoint, Fault, TraceEntry, TraceEvent};

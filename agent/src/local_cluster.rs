@@ -1,6 +1,6 @@
 //! A local cluster on loopback: one router and N workers as child processes of the
 //! `den-agent` binary — the real thing, just on one machine. Used by `den-agent local`
-//! and by `den demo`.
+//! and by `den-fleet validate` (`den demo` runs its agents in-process instead).
 //!
 //! Children print their bound addresses on stdout (`den-agent router listening on
 //! http://…`, `den-agent worker metrics on http://…`); the launcher reads those lines,
@@ -17,7 +17,7 @@ use tokio::process::{Child, Command};
 
 /// What to start.
 #[derive(Debug, Clone)]
-pub struct ClusterSpec {
+pub struct LocalClusterSpec {
     /// The `den-agent` binary (usually `std::env::current_exe()`).
     pub agent: PathBuf,
     pub workers: usize,
@@ -35,9 +35,9 @@ pub struct ClusterSpec {
     pub startup_timeout: Duration,
 }
 
-impl ClusterSpec {
+impl LocalClusterSpec {
     pub fn new(agent: PathBuf, workers: usize, data_root: PathBuf) -> Self {
-        ClusterSpec {
+        LocalClusterSpec {
             agent,
             workers,
             token: None,
@@ -53,7 +53,7 @@ impl ClusterSpec {
 
 /// Why the cluster could not start.
 #[derive(Debug, thiserror::Error)]
-pub enum ClusterError {
+pub enum LocalClusterError {
     #[error("cannot start {what} ({agent}): {source}")]
     Spawn {
         what: String,
@@ -93,7 +93,7 @@ pub struct LocalCluster {
 
 impl LocalCluster {
     /// Start the router, then the workers, and wait until every worker heartbeats.
-    pub async fn start(spec: &ClusterSpec) -> Result<LocalCluster, ClusterError> {
+    pub async fn start(spec: &LocalClusterSpec) -> Result<LocalCluster, LocalClusterError> {
         if let Some(d) = &spec.log_dir {
             let _ = std::fs::create_dir_all(d);
         }
@@ -172,7 +172,7 @@ impl LocalCluster {
     }
 
     /// Wait until `n` workers heartbeat to the router.
-    pub async fn wait_ready(&self, n: usize, timeout: Duration) -> Result<(), ClusterError> {
+    pub async fn wait_ready(&self, n: usize, timeout: Duration) -> Result<(), LocalClusterError> {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let client = reqwest::Client::new();
         let deadline = tokio::time::Instant::now() + timeout;
@@ -192,7 +192,7 @@ impl LocalCluster {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        Err(ClusterError::NotReady {
+        Err(LocalClusterError::NotReady {
             ready,
             want: n,
             secs: timeout.as_secs(),
@@ -210,7 +210,11 @@ impl LocalCluster {
 
 type Lines = tokio::io::Lines<BufReader<tokio::process::ChildStdout>>;
 
-fn spawn(spec: &ClusterSpec, what: &str, args: &[String]) -> Result<(Child, Lines), ClusterError> {
+fn spawn(
+    spec: &LocalClusterSpec,
+    what: &str,
+    args: &[String],
+) -> Result<(Child, Lines), LocalClusterError> {
     let stderr = match &spec.log_dir {
         Some(dir) => std::fs::File::create(dir.join(format!("{what}.log")))
             .map(Stdio::from)
@@ -224,13 +228,13 @@ fn spawn(spec: &ClusterSpec, what: &str, args: &[String]) -> Result<(Child, Line
         .stderr(stderr)
         .kill_on_drop(true)
         .spawn()
-        .map_err(|source| ClusterError::Spawn {
+        .map_err(|source| LocalClusterError::Spawn {
             what: what.to_owned(),
             agent: spec.agent.display().to_string(),
             source,
         })?;
     let Some(stdout) = child.stdout.take() else {
-        return Err(ClusterError::Spawn {
+        return Err(LocalClusterError::Spawn {
             what: what.to_owned(),
             agent: spec.agent.display().to_string(),
             source: std::io::Error::other("no stdout pipe"),
@@ -257,8 +261,8 @@ fn drain(mut lines: Lines) {
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
 }
 
-fn no_address(spec: &ClusterSpec, what: &str) -> ClusterError {
-    ClusterError::NoAddress {
+fn no_address(spec: &LocalClusterSpec, what: &str) -> LocalClusterError {
+    LocalClusterError::NoAddress {
         what: what.to_owned(),
         secs: spec.startup_timeout.as_secs(),
         log: match &spec.log_dir {
