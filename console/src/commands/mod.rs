@@ -1,10 +1,14 @@
-//! Executing confirmed commands. The TUI and the non-interactive subcommands share this:
-//! every step is a `CommandProgress` event and the end a `CommandOutcome`, so the Events
-//! panel and recordings show what was done and how it ended.
+//! The console's commands (place, delete, cancel, drain): executing a confirmed command.
+//! The TUI and the one-shot subcommands ([`oneshot`]) share this: every step is a
+//! `CommandProgress` event and the end a `CommandOutcome`, so the Events panel and
+//! recordings show what was done and how it ended. A placement is driven by [`place`].
 //!
 //! Outcomes are three-way. A command that certainly did not reach the server, or that
 //! the server refused, failed; one that may have reached it without an answer (a
 //! timeout after sending, a 5xx) is uncertain — look at the cluster before retrying.
+
+pub mod oneshot;
+pub mod place;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -18,13 +22,13 @@ use den_protocol::skulk::error::ApiError;
 use den_protocol::skulk::http::percent_encode;
 use den_protocol::skulk::{HttpIntent, InstanceId, Method};
 
-use crate::app::Command;
-use crate::config::SourceSpec;
-use crate::http::{HttpAnswer, ManagementClient, UrlError};
-use crate::place::{
+use self::place::{
     DEFAULT_PROBE_TIMEOUT, PlaceArgs, Progress, ProgressSink, default_fence_dir, exit_code_of,
     place_with,
 };
+use crate::app::Command;
+use crate::config::SourceSpec;
+use crate::http::{HttpAnswer, ManagementClient, UrlError};
 
 /// Where commands go: the den router for cancel/drain, a management API for delete.
 #[derive(Debug, Clone, Default)]
@@ -132,7 +136,7 @@ async fn place(
     Finished {
         status,
         detail,
-        outcome: result.as_ref().ok().map(crate::place::outcome_json),
+        outcome: result.as_ref().ok().map(place::outcome_json),
     }
 }
 
@@ -141,7 +145,7 @@ async fn place(
 pub struct Finished {
     pub status: CommandStatus,
     pub detail: String,
-    /// A placement's outcome as `den place --json` prints it ([`crate::place::outcome_json`]).
+    /// A placement's outcome as `den place --json` prints it ([`place::outcome_json`]).
     pub outcome: Option<serde_json::Value>,
 }
 

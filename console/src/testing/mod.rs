@@ -1,6 +1,8 @@
 //! Test helpers: render a frame into a `TestBackend` and write it out with its styles, so
 //! that snapshots show colours (dark and high-contrast differ) and not only text.
 
+pub mod fake_api;
+
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
