@@ -22,7 +22,7 @@ use crate::config::{parse_bytes, parse_duration};
 use crate::engine::EngineCosts;
 use crate::logging::LogFormat;
 use crate::router::RouterOptions;
-use crate::router::manage::Catalog;
+use crate::router::manage::ModelCatalog;
 use crate::tiers::ObjectConfig;
 use crate::worker::{Backend, DEFAULT_MODEL, WorkerOptions};
 
@@ -64,14 +64,6 @@ pub enum Command {
     /// synthetic workload with shared prefixes through them, and print TTFT and
     /// cache-hit statistics.
     Local(LocalArgs),
-    /// Replay a trace in the Mooncake format through den's routing policy and the
-    /// baselines (round-robin, least-loaded, Dynamo, SGLang, llm-d) on the fleet
-    /// simulator, and print one comparison table.
-    Simulate(crate::simulate::SimulateArgs),
-    /// Replay a scaled slice of a trace on a real router and workers (child processes of
-    /// this binary) and on the fleet simulator with the same synthetic-engine costs, and
-    /// report predicted vs measured TTFT per request.
-    Validate(crate::validate::ValidateArgs),
 }
 
 /// Options of `den-agent router`.
@@ -406,7 +398,9 @@ pub fn router_options(
             .or(dur(&f.drain_timeout, "router.drain_timeout")?)
             .unwrap_or(d.drain_timeout),
         catalog: match a.catalog.as_ref().or(f.catalog.as_ref()) {
-            Some(dir) => std::sync::Arc::new(Catalog::load_dir(dir).map_err(|e| e.to_string())?),
+            Some(dir) => {
+                std::sync::Arc::new(ModelCatalog::load_dir(dir).map_err(|e| e.to_string())?)
+            }
             None => d.catalog,
         },
     };

@@ -6,17 +6,15 @@
 
 pub mod auth;
 pub mod cli;
-pub mod cluster;
 pub mod config;
 pub mod engine;
 pub mod ingress;
+pub mod local_cluster;
 pub mod logging;
 pub mod memory;
 pub mod metrics;
 pub mod router;
 pub mod serving;
-pub mod simulate;
 pub mod tiers;
-pub mod validate;
 pub mod worker;
 pub mod workload;

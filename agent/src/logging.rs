@@ -29,7 +29,7 @@ impl FromStr for LogFormat {
 }
 
 /// Install the global subscriber. Logs go to stderr so stdout stays free for command
-/// output (`den-agent simulate --json`). A second call is a no-op.
+/// output (`den-fleet simulate --json`). A second call is a no-op.
 pub fn init(format: LogFormat, filter: Option<&str>) {
     let _ = FORMAT.set(format);
     let filter = filter

@@ -12,8 +12,8 @@ use std::process::ExitCode;
 use clap::Parser;
 
 use den_agent::cli::{self, Cli, Command, FileConfig, LocalArgs};
-use den_agent::cluster::{ClusterSpec, LocalCluster};
 use den_agent::config;
+use den_agent::local_cluster::{LocalCluster, LocalClusterSpec};
 use den_agent::router::RouterServer;
 use den_agent::workload::{self, WorkloadSpec};
 use den_agent::{logging, worker};
@@ -39,8 +39,6 @@ fn main() -> ExitCode {
             Command::Router(args) => router(&args, &file).await,
             Command::Worker(args) => run_worker(&args, &file).await,
             Command::Local(args) => local(&args, &file).await,
-            Command::Simulate(args) => simulate(args).await,
-            Command::Validate(args) => validate(args).await,
         }
     })
 }
@@ -111,7 +109,7 @@ async fn local(args: &LocalArgs, file: &FileConfig) -> ExitCode {
         Err(e) => return fail(1, &format!("cannot create a temporary directory: {e}")),
     };
     let workers = args.workers.or(f.workers).unwrap_or(3).max(1);
-    let mut spec = ClusterSpec::new(agent, workers, data.clone());
+    let mut spec = LocalClusterSpec::new(agent, workers, data.clone());
     spec.log_dir = args.log_dir.clone().or(f.log_dir.clone());
     let prefill = args
         .prefill_ms_per_token
@@ -244,36 +242,4 @@ fn fail(code: u8, message: &str) -> ExitCode {
         eprintln!("den-agent: {message}");
     }
     ExitCode::from(code)
-}
-
-/// `den-agent simulate`: CPU-bound, so off the async threads.
-async fn simulate(args: den_agent::simulate::SimulateArgs) -> ExitCode {
-    match tokio::task::spawn_blocking(move || den_agent::simulate::run(&args)).await {
-        Ok(Ok(out)) => {
-            print!("{out}");
-            ExitCode::SUCCESS
-        }
-        Ok(Err(e)) => fail(2, &e),
-        Err(e) => fail(1, &format!("simulate failed: {e}")),
-    }
-}
-
-/// `den-agent validate`: starts this binary as the router and the workers.
-async fn validate(args: den_agent::validate::ValidateArgs) -> ExitCode {
-    let agent = match std::env::current_exe() {
-        Ok(p) => p,
-        Err(e) => {
-            return fail(
-                1,
-                &format!("cannot find this binary to start children: {e}"),
-            );
-        }
-    };
-    match den_agent::validate::run(&args, agent).await {
-        Ok(out) => {
-            print!("{out}");
-            ExitCode::SUCCESS
-        }
-        Err(e) => fail(1, &e),
-    }
 }

@@ -18,7 +18,7 @@ use tokio::task::JoinHandle;
 
 use den_agent::auth::Token;
 use den_agent::engine::EngineCosts;
-use den_agent::router::manage::Catalog;
+use den_agent::router::manage::ModelCatalog;
 use den_agent::router::{RouterOptions, RouterServer};
 use den_agent::worker::{self, RunningWorker, WorkerOptions};
 use den_agent::workload::{self, WorkloadReport, WorkloadSpec};
@@ -267,7 +267,7 @@ pub const DEMO_MODEL: &str = "den/demo-chat";
 /// A one-card catalog under `data/catalog` whose artifact (two small files with their
 /// sizes and SHA-256) is served from `data/artifacts/demo-chat` through `file://`, so a
 /// placement really downloads, verifies, installs and loads it.
-fn write_catalog(data: &Path) -> Result<Catalog, String> {
+fn write_catalog(data: &Path) -> Result<ModelCatalog, String> {
     use sha2::{Digest, Sha256};
     let artifacts = data.join("artifacts").join("demo-chat");
     let cards = data.join("catalog");
@@ -293,5 +293,5 @@ fn write_catalog(data: &Path) -> Result<Catalog, String> {
         artifacts.display()
     );
     std::fs::write(cards.join("demo-chat.toml"), card).map_err(|e| e.to_string())?;
-    Catalog::load_dir(&cards).map_err(|e| e.to_string())
+    ModelCatalog::load_dir(&cards).map_err(|e| e.to_string())
 }

@@ -6,7 +6,8 @@
 use std::path::{Path, PathBuf};
 
 use den_protocol::candidate::Tier;
-use den_protocol::candidates::{Catalog, candidates_for};
+use den_protocol::candidate_generation::candidates_for;
+use den_protocol::chunk_catalog::ChunkCatalog;
 use den_protocol::decision::DecisionRecord;
 use den_protocol::evidence::{PollFailure, PollFailureKind};
 use den_protocol::feed::{FEED_VERSION, FeedMessage};
@@ -14,7 +15,7 @@ use den_protocol::ids::{Epoch, RequestId};
 use den_protocol::observation::{Observation, PoolStats, TierUsage};
 use den_protocol::request::GenerationRequest;
 use den_protocol::session::{SessionEvent, SourceId, SourceKind, Stamped};
-use den_protocol::sim::{SimConfig, Simulation, sim7_cluster, sim7_worker};
+use den_protocol::sim::{SimConfig, Simulation, sim7_routing_view, sim7_worker};
 use den_protocol::skulk::State;
 use den_protocol::time::Millis;
 use den_protocol::worker::Counters;
@@ -129,7 +130,7 @@ pub fn sim_records() -> Result<Vec<DecisionRecord>, String> {
     sim.add_worker("gpu-b", [SIM_MODEL], Counters::new(64, 0));
     sim.add_worker("gpu-a", [SIM_MODEL], Counters::new(64, 0));
     let first = request("request-1", 256, 8)?;
-    let (catalog, observations) = cluster(&first);
+    let (catalog, observations) = routing_view(&first);
     sim.submit(
         first.clone(),
         candidates_for(&first, 64, &observations, &catalog),
@@ -171,8 +172,8 @@ fn request(id: &str, processed: u32, max_new: u32) -> Result<GenerationRequest, 
 /// The simulator's SIM-7 cluster (gpu-a holds SSD replicas of the first three chunks,
 /// gpu-b, with 45 ms of queue, advertises all 256 tokens in GPU pages) plus a third
 /// worker that cannot take the request, so the record shows an infeasible candidate.
-fn cluster(request: &GenerationRequest) -> (Catalog, Vec<Observation>) {
-    let (catalog, mut observations) = sim7_cluster(request, SIM_MODEL, "gpu-a", "gpu-b");
+fn routing_view(request: &GenerationRequest) -> (ChunkCatalog, Vec<Observation>) {
+    let (catalog, mut observations) = sim7_routing_view(request, SIM_MODEL, "gpu-a", "gpu-b");
     let mut full = sim7_worker("gpu-c", SIM_MODEL, 0.0);
     full.free_pages = 0;
     observations.push(full);

@@ -7,22 +7,21 @@
 //!   `update(action) -> effects` machine;
 //! - [`ui`]: widgets that only draw from `(&App, &Model, &Theme, now)`;
 //! - [`theme`]: colour themes from TOML;
-//! - [`sources`], [`exec`], [`tui`], [`status`], [`place`]: the runtime (sockets, HTTP,
-//!   terminal, the placement driver and its fence store).
+//! - [`sources`], [`commands`], [`tui`], [`status`]: the runtime (sockets, HTTP, the
+//!   commands with the placement driver and its fence store, the terminal, `den status`).
 
 pub mod app;
 pub mod fixtures;
 pub mod http;
 pub mod model;
-pub mod place;
 pub mod record;
 pub mod replay;
 pub mod theme;
 pub mod ui;
 
+pub mod commands;
 pub mod config;
 pub mod demo;
-pub mod exec;
 pub mod sources;
 pub mod status;
 #[cfg(test)]

@@ -6,6 +6,7 @@ use std::time::Duration;
 use clap::Parser;
 
 use den_console::app::Command;
+use den_console::commands::oneshot;
 use den_console::config::{self, Cli, Sub};
 use den_console::demo::{Demo, DemoOptions};
 use den_console::replay::summary;
@@ -62,16 +63,16 @@ fn main() -> ExitCode {
                 if !yes && !confirm_on_terminal(&model, &nodes) {
                     return ExitCode::from(1);
                 }
-                status::command(&settings, Command::Place { model, nodes }, json).await
+                oneshot::run(&settings, Command::Place { model, nodes }, json).await
             }
             Some(Sub::Delete { instance }) => {
-                status::command(&settings, Command::Delete { instance }, false).await
+                oneshot::run(&settings, Command::Delete { instance }, false).await
             }
             Some(Sub::Cancel { request }) => {
-                status::command(&settings, Command::Cancel { request }, false).await
+                oneshot::run(&settings, Command::Cancel { request }, false).await
             }
             Some(Sub::Drain { worker }) => {
-                status::command(&settings, Command::Drain { worker }, false).await
+                oneshot::run(&settings, Command::Drain { worker }, false).await
             }
             Some(Sub::Record { file, duration }) => {
                 record::session::record(&settings, file, duration.as_deref()).await

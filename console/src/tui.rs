@@ -23,8 +23,8 @@ use den_protocol::session::{SessionEvent, SourceId, Stamped, redact_url};
 use den_protocol::time::Millis;
 
 use crate::app::{App, Command, Effect, action_for};
+use crate::commands::{self, Targets};
 use crate::config::Settings;
-use crate::exec::{self, Targets};
 use crate::model::{InstanceRow, Model, ModelConfig};
 use crate::record::{Closed, RecordError, Recorder, RecorderConfig, paths};
 use crate::sources::{self, Clock, PollConfig};
@@ -321,7 +321,7 @@ fn spawn_command(
     let targets = targets.clone();
     let tx = tx.clone();
     tokio::spawn(async move {
-        exec::execute(id, command, &targets, preferred, &tx).await;
+        commands::execute(id, command, &targets, preferred, &tx).await;
     });
 }
 

@@ -3,7 +3,8 @@
 //! A candidate is one *(worker, cache alternative)* pair for one request: "serve this
 //! request on worker W, reusing `cached_token_count` tokens from tier T". The router ranks
 //! candidates by predicted time to first token; the worker re-runs the same estimate on
-//! the candidate carried in an offer, because the router's view can be stale.
+//! the candidate carried in an offer, because the router's view can be stale. Which
+//! candidates a request has is [`crate::candidate_generation`]'s business.
 
 use std::cmp::Ordering;
 use std::fmt;

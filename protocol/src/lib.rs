@@ -8,7 +8,9 @@
 //! - [`ids`], [`time`], [`request`]: identities, logical time, validated requests;
 //! - [`candidate`]: candidates, estimates (predicted TTFT) and ranking;
 //! - [`chunk`]: chained prefix hashes at a fixed chunk size;
-//! - [`candidates`]: candidate generation from observations and the chunk catalog;
+//! - [`chunk_catalog`]: the chunk catalog (published chunks and their replicas);
+//! - [`candidate_generation`]: a request's candidates from observations and the chunk
+//!   catalog;
 //! - [`discovery`]: the discovery registry and connection-bound routes;
 //! - [`pool`]: page-pool accounting (routes, forks, copy-on-write, reservations, eviction);
 //! - [`observation`]: heartbeat payloads; [`calibration`]: EWMA cost calibration;
@@ -22,19 +24,21 @@
 //! - [`placement`]: the exact-placement workflow (fence, submit, reconcile, probe);
 //! - [`feed`]: the console feed a den router streams to consoles;
 //! - [`session`]: the console's stamped input events (what recordings store);
-//! - [`recording`]: the recording file format (header, lines, version policy, redaction);
-//! - [`fleet`]: the fleet simulator that compares routing policies on production traces.
+//! - [`recording`]: the recording file format (header, lines, version policy, redaction).
+//!
+//! The fleet study (routing policies compared on production traces) reads this crate
+//! but is not part of what runs; it is the `den-fleet` crate.
 
 pub mod calibration;
 pub mod candidate;
-pub mod candidates;
+pub mod candidate_generation;
 pub mod capacity;
 pub mod chunk;
+pub mod chunk_catalog;
 pub mod decision;
 pub mod discovery;
 pub mod evidence;
 pub mod feed;
-pub mod fleet;
 pub mod ids;
 pub mod observation;
 pub mod placement;

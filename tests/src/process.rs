@@ -34,7 +34,8 @@ pub fn workspace_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
 }
 
-/// The path a workspace binary (`den`, `den-agent`, `skulk-fixture-server`) is built at.
+/// The path a workspace binary (`den`, `den-agent`, `den-fleet`, `skulk-fixture-server`) is
+/// built at.
 pub fn binary_path(name: &str) -> PathBuf {
     target_dir().join(format!("{name}{}", std::env::consts::EXE_SUFFIX))
 }
@@ -75,6 +76,7 @@ fn package_of(binary: &str) -> &'static str {
     match binary {
         "den" => "den-console",
         "den-agent" => "den-agent",
+        "den-fleet" => "den-fleet",
         _ => "den-tests",
     }
 }

@@ -79,7 +79,7 @@ pub struct RouterOptions {
     /// On shutdown, how long in-flight requests may take before they are cancelled.
     pub drain_timeout: Duration,
     /// The model catalog of the management API (`--catalog DIR`; empty by default).
-    pub catalog: Arc<manage::Catalog>,
+    pub catalog: Arc<manage::ModelCatalog>,
 }
 
 impl Default for RouterOptions {
@@ -97,7 +97,7 @@ impl Default for RouterOptions {
             max_frame: DEFAULT_MAX_FRAME,
             snapshot_interval: Duration::from_secs(5),
             drain_timeout: Duration::from_secs(30),
-            catalog: Arc::new(manage::Catalog::default()),
+            catalog: Arc::new(manage::ModelCatalog::default()),
         }
     }
 }

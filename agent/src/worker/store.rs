@@ -18,8 +18,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use den_protocol::candidate::Tier;
-use den_protocol::candidates::ChunkEntry;
 use den_protocol::chunk::PrefixHash;
+use den_protocol::chunk_catalog::ChunkEntry;
 use den_protocol::ids::ModelFingerprint;
 use den_protocol::observation::TierUsage;
 use den_protocol::wire::{PublishedChunk, RetractedChunk};

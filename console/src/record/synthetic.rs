@@ -9,8 +9,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use den_protocol::candidate::Tier;
-use den_protocol::candidates::{Catalog, ChunkEntry, candidates_for};
+use den_protocol::candidate_generation::candidates_for;
 use den_protocol::chunk::plan_chunks;
+use den_protocol::chunk_catalog::{ChunkCatalog, ChunkEntry};
 use den_protocol::decision::DecisionRecord;
 use den_protocol::feed::{FEED_VERSION, FeedMessage};
 use den_protocol::ids::{RequestId, WorkerId};
@@ -46,7 +47,7 @@ pub struct SimFeed {
     offset: u64,
     open: BTreeSet<RequestId>,
     emitted: BTreeMap<RequestId, DecisionRecord>,
-    catalog: Catalog,
+    catalog: ChunkCatalog,
     observations: Vec<Observation>,
 }
 
@@ -61,7 +62,7 @@ impl SimFeed {
         for w in workers {
             sim.add_worker(*w, [SIM_MODEL], Counters::new(4096, 0));
         }
-        let (catalog, observations) = cluster(workers);
+        let (catalog, observations) = routing_view(workers);
         SimFeed {
             sim,
             source: source.into(),
@@ -183,10 +184,10 @@ fn same_but_tokens(a: &DecisionRecord, b: &DecisionRecord) -> bool {
 
 /// A 256-token shared prefix in four catalogued chunks: `gpu-a` holds it in GPU pages,
 /// `gpu-b` has SSD replicas of the first three chunks, `gpu-c` nothing.
-fn cluster(workers: &[&str]) -> (Catalog, Vec<Observation>) {
+fn routing_view(workers: &[&str]) -> (ChunkCatalog, Vec<Observation>) {
     let tokens: Vec<u32> = (0..=256).collect();
     let plan = plan_chunks(&tokens, 64);
-    let mut catalog = Catalog::default();
+    let mut catalog = ChunkCatalog::default();
     for d in plan.iter().take(4) {
         catalog.publish(ChunkEntry {
             model: SIM_MODEL.into(),

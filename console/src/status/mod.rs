@@ -1,6 +1,6 @@
-//! Non-interactive subcommands: `den status` (one snapshot from the same sources, model
-//! and columns as the console) and `den place/delete/cancel/drain` (the same command
-//! execution). Exit codes: 0 success, 1 failure, 2 uncertain or partial.
+//! `den status`: one snapshot from the same sources, model and columns as the console.
+//! Exit codes: 0 every source answered, 1 none did, 2 partial. The one-shot commands
+//! (`den place/delete/cancel/drain`) are [`crate::commands::oneshot`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
@@ -11,16 +11,12 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 
 use den_protocol::feed::FeedMessage;
-use den_protocol::session::{
-    CommandSeq, CommandStatus, SessionEvent, SourceId, SourceKind, Stamped,
-};
+use den_protocol::session::{SessionEvent, SourceId, SourceKind, Stamped};
 use den_protocol::text::{printable, printable_lines};
 use den_protocol::time::Millis;
 
-use crate::app::Command;
 use crate::app::table::compute_order;
 use crate::config::Settings;
-use crate::exec::{self, Targets};
 use crate::model::{
     DownloadRow, InstanceRow, Model, ModelConfig, NodeRow, PageRow, RouteRow, SourceRow,
 };
@@ -353,65 +349,6 @@ fn table<S: PanelSpec>(title: &str, g: &Gathered, theme: &Theme) -> String {
         out.push('\n');
     }
     out
-}
-
-/// `den place/delete/cancel/drain`: run one command with the same code as the console.
-pub async fn command(settings: &Settings, command: Command, json: bool) -> ExitCode {
-    if settings.read_only && command.is_mutating() {
-        eprintln!(
-            "den {}: refused: read-only mode (--read-only or read_only in the config)",
-            command.verb()
-        );
-        return ExitCode::from(1);
-    }
-    let targets = match Targets::new(
-        &settings.sources,
-        settings.token.as_deref(),
-        settings.request_timeout,
-    ) {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!("den {}: {e}", command.verb());
-            return ExitCode::from(1);
-        }
-    };
-    let (tx, mut rx) = mpsc::channel(64);
-    let verb = command.verb();
-    let printer = tokio::spawn(async move {
-        while let Some(event) = rx.recv().await {
-            if let SessionEvent::CommandProgress { note, .. } = event {
-                eprintln!("den {verb}: {}", printable(&note));
-            }
-        }
-    });
-    let finished = exec::execute(CommandSeq(1), command, &targets, None, &tx).await;
-    drop(tx);
-    let _ = printer.await;
-    if json {
-        // A placement adds its outcome (`outcome`, `instance_id`, `command_id`, `reason`,
-        // `exit_code`, …) to the status and detail every command prints.
-        let mut body = serde_json::json!({ "status": finished.status, "detail": finished.detail });
-        if let (Some(serde_json::Value::Object(outcome)), Some(map)) =
-            (&finished.outcome, body.as_object_mut())
-        {
-            for (k, v) in outcome {
-                map.entry(k.clone()).or_insert_with(|| v.clone());
-            }
-        }
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stdout().lock(), "{body}");
-    } else {
-        // The detail quotes what Skulk or the router answered.
-        let line = format!("{}: {}", finished.status, printable(&finished.detail));
-        match finished.status {
-            CommandStatus::Ok => {
-                use std::io::Write as _;
-                let _ = writeln!(std::io::stdout().lock(), "{line}");
-            }
-            _ => eprintln!("{line}"),
-        }
-    }
-    ExitCode::from(finished.status.exit_code())
 }
 
 #[cfg(test)]

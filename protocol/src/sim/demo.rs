@@ -3,8 +3,9 @@
 
 use super::{SimConfig, Simulation, narrate};
 use crate::candidate::Tier;
-use crate::candidates::{Catalog, ChunkEntry, candidates_for};
+use crate::candidate_generation::candidates_for;
 use crate::chunk::plan_chunks;
+use crate::chunk_catalog::{ChunkCatalog, ChunkEntry};
 use crate::ids::RequestId;
 use crate::observation::{GpuPrefix, Observation};
 use crate::request::GenerationRequest;
@@ -38,7 +39,7 @@ fn run() -> Result<String, String> {
     sim.add_worker("warm-ssd", [MODEL], Counters::new(64, 0));
 
     let first = request("request-1", 256)?;
-    let (catalog, observations) = sim7_cluster(&first, MODEL, "warm-ssd", "busy-gpu");
+    let (catalog, observations) = sim7_routing_view(&first, MODEL, "warm-ssd", "busy-gpu");
     let candidates = candidates_for(&first, CHUNK, &observations, &catalog);
     sim.submit(first, candidates);
     sim.run_until_response(&RequestId::from("request-1"), 1_000)
@@ -65,18 +66,19 @@ fn request(id: &str, processed: u32) -> Result<GenerationRequest, String> {
     GenerationRequest::new(id, MODEL, (0..=processed).collect(), 8).map_err(|e| e.to_string())
 }
 
-/// The SIM-7 cluster for `model`: four catalogued 64-token chunks of 1 MiB over the
-/// first 256 tokens of `request`; `warm` (idle) holds SSD replicas of the first three;
-/// `busy` (45 ms of queue) advertises all 256 tokens in GPU pages. Shared with the
-/// console's fixtures so its decision records are the simulator's.
-pub fn sim7_cluster(
+/// What a router sees of the SIM-7 cluster for `model` (its chunk catalog and the
+/// workers' observations): four catalogued 64-token chunks of 1 MiB over the first 256
+/// tokens of `request`; `warm` (idle) holds SSD replicas of the first three; `busy` (45 ms
+/// of queue) advertises all 256 tokens in GPU pages. Shared with the console's fixtures
+/// so its decision records are the simulator's.
+pub fn sim7_routing_view(
     request: &GenerationRequest,
     model: &str,
     warm: &str,
     busy: &str,
-) -> (Catalog, Vec<Observation>) {
+) -> (ChunkCatalog, Vec<Observation>) {
     let plan = plan_chunks(request.processed_tokens(), CHUNK);
-    let mut catalog = Catalog::default();
+    let mut catalog = ChunkCatalog::default();
     for d in plan.iter().take(4) {
         catalog.publish(ChunkEntry {
             model: model.into(),

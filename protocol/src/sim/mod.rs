@@ -1,4 +1,6 @@
-//! The deterministic simulator (spec §7.1).
+//! The deterministic simulator (spec §7.1) of the real router and worker machines. Not the
+//! fleet study's policy-comparison replay (`den-fleet`, module `replay`), which models
+//! workers of its own and shares only the estimate.
 //!
 //! A [`Simulation`] is a plain value (`Clone + PartialEq + Serialize`): logical time in
 //! integer milliseconds, an event queue ordered by `(due, seq)`, the production
@@ -42,7 +44,7 @@ use crate::router::{Delivery, DeliveryKind, Router, RouterConfig, RouterInput};
 use crate::time::Millis;
 use crate::worker::{Counters, Worker};
 
-pub use demo::{demo, sim7_cluster, sim7_worker};
+pub use demo::{demo, sim7_routing_view, sim7_worker};
 pub use narrate::narrate;
 pub use queue::SimEvent;
 pub use trace::{Endpoint, Fault, TraceEntry, TraceEvent};

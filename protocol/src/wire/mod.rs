@@ -50,9 +50,9 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::candidate::{Candidate, Estimate, Tier};
-use crate::candidates::ChunkEntry;
 use crate::capacity::DeclineReason;
 use crate::chunk::PrefixHash;
+use crate::chunk_catalog::ChunkEntry;
 use crate::ids::{AssignmentId, Epoch, ModelFingerprint, NodeId, WorkerId};
 use crate::observation::Observation;
 use crate::request::{GenerationRequest, Token};

@@ -12,12 +12,6 @@ mod skulk_support;
 
 mod evidence_rules;
 mod evidence_runc;
-mod fleet_cache;
-mod fleet_plan;
-mod fleet_policies;
-mod fleet_sim;
-mod fleet_synthetic;
-mod fleet_trace;
 mod manage_protocol;
 mod placement_workflow;
 mod pool_capacity;

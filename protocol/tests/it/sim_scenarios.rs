@@ -5,9 +5,10 @@ use crate::common;
 
 use common::{MODEL, cand, near_far, sim_request};
 use den_protocol::candidate::{Candidate, Tier};
-use den_protocol::candidates::{Catalog, ChunkEntry, candidates_for};
+use den_protocol::candidate_generation::candidates_for;
 use den_protocol::capacity::{Capacity, DeclineReason};
 use den_protocol::chunk::plan_chunks;
+use den_protocol::chunk_catalog::{ChunkCatalog, ChunkEntry};
 use den_protocol::decision::AttemptOutcome;
 use den_protocol::ids::{AssignmentId, Epoch, RequestId, WorkerId};
 use den_protocol::observation::{GpuPrefix, Observation};
@@ -283,7 +284,7 @@ fn sim_7_database_derived_candidates() {
     let mib = 1024 * 1024;
     let request = GenerationRequest::new("request-1", MODEL, (0..=256).collect(), 8).unwrap();
     let plan = plan_chunks(request.processed_tokens(), 64);
-    let mut catalog = Catalog::default();
+    let mut catalog = ChunkCatalog::default();
     for d in &plan {
         catalog.publish(ChunkEntry {
             model: MODEL.into(),

@@ -464,8 +464,8 @@ proptest! {
 
 #[test]
 fn catalog_frames_round_trip_and_are_validated() {
-    use den_protocol::candidates::ChunkEntry;
     use den_protocol::chunk::plan_chunks;
+    use den_protocol::chunk_catalog::ChunkEntry;
     use den_protocol::wire::{Publish, PublishedChunk, Retract, RetractedChunk};
     let d = plan_chunks(&[1, 2, 3, 4], 2).remove(1);
     let entry = ChunkEntry {

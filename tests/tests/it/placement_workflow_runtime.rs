@@ -1,17 +1,17 @@
 //! The console's placement runtime end to end: the real `skulk-fixture-server` process
 //! serving Skulk 1.3.0 captures (and bodies derived from them) on 127.0.0.1, and
-//! `den_console::place` driving the workflow over real HTTP with fences on disk.
+//! `den_console::commands::place` driving the workflow over real HTTP with fences on disk.
 
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use den_console::http::ManagementClient;
-use den_console::place::{
+use den_console::commands::place::{
     FenceStore, PlaceArgs, PlaceDriver, PlaceError, PlaceOptions, Progress, ProgressNote,
     ProgressSink, ResumeResult, exit_code, place, resume_all,
 };
+use den_console::http::ManagementClient;
 use den_protocol::ids::NodeId;
 use den_protocol::placement::{
     FailureReason, Note, Outcome, PlacementRequest, StepKind, UncertainReason, WorkflowConfig,
@@ -436,12 +436,14 @@ async fn placement_runtime_declined_confirmation_writes_and_sends_nothing() {
     options.workflow = config();
     let asked = Arc::new(Mutex::new(Vec::new()));
     let seen = Arc::clone(&asked);
-    let confirm = Arc::new(move |plan: &den_console::place::SubmissionPlan<'_>| {
-        seen.lock()
-            .expect("lock")
-            .push((plan.origin.to_owned(), plan.fence.instance_id.clone()));
-        false
-    });
+    let confirm = Arc::new(
+        move |plan: &den_console::commands::place::SubmissionPlan<'_>| {
+            seen.lock()
+                .expect("lock")
+                .push((plan.origin.to_owned(), plan.fence.instance_id.clone()));
+            false
+        },
+    );
     // no --node: the management API's own node is the target
     let result = place(
         &options,

@@ -1,5 +1,5 @@
-//! `den-agent validate` end to end: a short, strongly scaled slice of the Mooncake trace
-//! replayed on a real router and three real workers (child processes of the binary) and
+//! `den-fleet validate` end to end: a short, strongly scaled slice of the Mooncake trace
+//! replayed on a real router and three real workers (`den-agent` child processes) and
 //! on the fleet simulator with the same synthetic-engine costs. They check the pipeline —
 //! every request completes and is paired with a simulated and a router prediction on the
 //! same prompt — and the agreement itself, with bounds about twice the errors measured on
@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use den_tests::agents::agent_binary;
+use den_tests::process::binary;
 use serde_json::Value;
 
 fn trace() -> PathBuf {
@@ -17,12 +18,16 @@ fn trace() -> PathBuf {
 }
 
 fn validate(args: &[&str]) -> (Option<i32>, String, String) {
-    let out = Command::new(agent_binary())
+    let fleet = binary("den-fleet").unwrap_or_else(|e| panic!("{e}"));
+    let out = Command::new(fleet)
         .arg("validate")
         .args(args)
+        .arg("--agent")
+        .arg(agent_binary())
+        // The agents it starts would read it.
         .env_remove("DEN_CONFIG")
         .output()
-        .expect("run den-agent validate");
+        .expect("run den-fleet validate");
     (
         out.status.code(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -213,7 +218,7 @@ fn validate_refuses_bad_options_in_one_line_before_starting_anything() {
         assert_eq!(code, Some(1), "{args:?}: {stdout}{stderr}");
         let line = stderr
             .lines()
-            .find(|l| l.starts_with("den-agent:"))
+            .find(|l| l.starts_with("den-fleet:"))
             .unwrap_or_else(|| panic!("{args:?}: no error line in {stderr}"));
         assert!(line.contains(want), "{args:?}: {line}");
     }

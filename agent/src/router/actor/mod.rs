@@ -28,8 +28,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::{broadcast, mpsc, oneshot};
 
 use den_protocol::candidate::Tier;
-use den_protocol::candidates::{Catalog, candidates_for};
+use den_protocol::candidate_generation::candidates_for;
 use den_protocol::chunk::plan_chunks;
+use den_protocol::chunk_catalog::ChunkCatalog;
 use den_protocol::decision::{
     AttemptOutcome, DecisionEvent, DecisionEventKind, DecisionRecord, TerminalOutcome,
 };
@@ -145,7 +146,7 @@ pub struct RouterActor {
     shared: Arc<Shared>,
     router: Router,
     discovery: Discovery,
-    catalog: Catalog,
+    catalog: ChunkCatalog,
     speculation: Speculation,
     /// Offered work the workers' heartbeats do not show yet (see [`inflight`]).
     unreflected: inflight::Unreflected,
@@ -189,7 +190,7 @@ impl RouterActor {
             manager,
             router: Router::new(config),
             discovery,
-            catalog: Catalog::default(),
+            catalog: ChunkCatalog::default(),
             speculation: Speculation::default(),
             unreflected: inflight::Unreflected::default(),
             timers: TimerWheel::default(),

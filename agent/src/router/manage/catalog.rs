@@ -37,7 +37,7 @@ pub const DEFAULT_BACKENDS: &[&str] = &["host", "cuda"];
 
 /// The loaded catalog, by model id.
 #[derive(Debug, Clone, Default)]
-pub struct Catalog {
+pub struct ModelCatalog {
     cards: BTreeMap<ModelId, Card>,
 }
 
@@ -112,10 +112,10 @@ impl KvGeometry {
     }
 }
 
-impl Catalog {
+impl ModelCatalog {
     /// Every `*.toml` card in `dir`, in file-name order. A model id or fingerprint used
     /// by two cards is an error naming both files.
-    pub fn load_dir(dir: &Path) -> Result<Catalog, CardError> {
+    pub fn load_dir(dir: &Path) -> Result<ModelCatalog, CardError> {
         let entries = std::fs::read_dir(dir).map_err(|e| CardError {
             file: dir.display().to_string(),
             message: format!("cannot read the catalog directory: {e}"),
@@ -134,11 +134,11 @@ impl Catalog {
             })?;
             cards.push(Card::parse(&file, &text)?);
         }
-        Catalog::from_cards(cards)
+        ModelCatalog::from_cards(cards)
     }
 
     /// A catalog of already parsed cards (tests, tools).
-    pub fn from_cards(cards: Vec<Card>) -> Result<Catalog, CardError> {
+    pub fn from_cards(cards: Vec<Card>) -> Result<ModelCatalog, CardError> {
         let mut by_id: BTreeMap<ModelId, Card> = BTreeMap::new();
         let mut fingerprints: BTreeMap<ModelFingerprint, PathBuf> = BTreeMap::new();
         for card in cards {
@@ -164,7 +164,7 @@ impl Catalog {
             }
             by_id.insert(card.model_id.clone(), card);
         }
-        Ok(Catalog { cards: by_id })
+        Ok(ModelCatalog { cards: by_id })
     }
 
     pub fn get(&self, model: &ModelId) -> Option<&Card> {
@@ -654,7 +654,7 @@ sha256 = "ab5c1a8f0b6d2b7a1c8d4e5f60718293a4b5c6d7e8f90112233445566778899a"
     #[test]
     fn the_example_catalog_loads() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("catalog");
-        let catalog = Catalog::load_dir(&dir).unwrap();
+        let catalog = ModelCatalog::load_dir(&dir).unwrap();
         let card = catalog.get(&ModelId::from("den/tiny-chat")).unwrap();
         assert_eq!(card.kv.bytes_per_token(), 16 * 1024);
         assert_eq!(card.storage_bytes(), 48 + 8 * 1024 * 1024);
@@ -665,7 +665,9 @@ sha256 = "ab5c1a8f0b6d2b7a1c8d4e5f60718293a4b5c6d7e8f90112233445566778899a"
         let a = parse(CARD).unwrap();
         let mut b = a.clone();
         b.file = PathBuf::from("other.toml");
-        let e = Catalog::from_cards(vec![a, b]).unwrap_err().to_string();
+        let e = ModelCatalog::from_cards(vec![a, b])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("other.toml") && e.contains("tiny.toml"), "{e}");
     }
 }

@@ -56,7 +56,7 @@ use den_protocol::skulk::{
 };
 use den_protocol::time::Millis;
 
-pub use catalog::{Card, CardError, Catalog};
+pub use catalog::{Card, CardError, ModelCatalog};
 pub use ids::{IdGen, iso8601, unix_now_ms};
 pub use preview::PreviewQuery;
 
@@ -178,7 +178,7 @@ pub(crate) struct Removal {
 /// The management state. See the module documentation.
 pub struct Manager {
     config: ManageConfig,
-    catalog: Arc<Catalog>,
+    catalog: Arc<ModelCatalog>,
     ids: IdGen,
     pub(crate) workers: BTreeMap<WorkerId, WorkerView>,
     pub(crate) instances: BTreeMap<InstanceId, InstanceRecord>,
@@ -202,7 +202,7 @@ struct DenInstance<'a> {
 }
 
 impl Manager {
-    pub fn new(config: ManageConfig, catalog: Arc<Catalog>) -> Manager {
+    pub fn new(config: ManageConfig, catalog: Arc<ModelCatalog>) -> Manager {
         let ids = IdGen::new(&config.id_seed);
         Manager {
             config,
@@ -220,7 +220,7 @@ impl Manager {
         }
     }
 
-    pub fn catalog(&self) -> &Arc<Catalog> {
+    pub fn catalog(&self) -> &Arc<ModelCatalog> {
         &self.catalog
     }
 

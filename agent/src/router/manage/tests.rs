@@ -42,7 +42,7 @@ fn card() -> Card {
 }
 
 fn manager() -> Manager {
-    let catalog = Catalog::from_cards(vec![card()]).unwrap();
+    let catalog = ModelCatalog::from_cards(vec![card()]).unwrap();
     Manager::new(
         ManageConfig {
             node: NodeId::from("router"),

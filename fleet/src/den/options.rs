@@ -1,0 +1,129 @@
+//! den's iteration steps: which estimator inputs each version of the policy uses.
+
+use serde::{Deserialize, Serialize};
+
+/// How a worker's `queue_ms` is predicted from its observation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum QueueModel {
+    /// v1: prompt tokens pending prefill × measured prefill ms/token (one EWMA per
+    /// worker); the request's own prefill likewise (`missing × ms/token`).
+    PendingPrefill,
+    /// v2: pending work priced by the roofline shape of [`crate::cost::CostModel::solo_prefill_ms`]
+    /// (dense + causal attention, so long prompts cost superlinearly) over each pending
+    /// request's remaining range, times the worker's measured/modelled calibration
+    /// factor; the request's own prefill priced the same way per candidate.
+    Calibrated,
+    /// What den-agent's router uses: the worker's reported `queue_ms` — the predicted
+    /// remaining work of its execution queue ([`crate::WorkerLoad::queue_ms`],
+    /// serial engines) — and its per-token prefill cost for the request's own prefill.
+    Reported,
+}
+
+/// Knobs of den's policy (each iteration step of the benchmark is one setting).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DenOptions {
+    pub queue: QueueModel,
+    /// v3: SSD and object loads wait for the worker's NVMe / NIC queue to drain, and the
+    /// GPU restore for its PCIe queue (backlogs the worker reports).
+    pub link_backlog: bool,
+    /// v4: a worker whose pool is full right now is not infeasible but slower: it queues
+    /// the request until running requests release enough blocks (the worker reports when
+    /// it expects them to), and that wait joins `queue_ms`.
+    pub capacity_wait: bool,
+    /// v5: choose by the request's own predicted TTFT *plus* the delay it imposes on the
+    /// requests already pending on the worker: its first chunk joins their last, partly
+    /// filled prefill step and lengthens it (chunked prefill packs the token budget FCFS).
+    /// The prediction reported stays the request's own.
+    #[serde(default)]
+    pub marginal_delay: bool,
+    /// v6: each candidate's queue and the delay it imposes come from replaying the
+    /// worker's engine plan with the request added ([`crate::plan`]).
+    #[serde(default)]
+    pub replay: bool,
+}
+
+impl Default for DenOptions {
+    fn default() -> Self {
+        DenOptions::v6()
+    }
+}
+
+impl DenOptions {
+    /// The first version measured: v1 queue model, no link backlog.
+    pub fn v1() -> DenOptions {
+        DenOptions {
+            queue: QueueModel::PendingPrefill,
+            link_backlog: false,
+            capacity_wait: false,
+            marginal_delay: false,
+            replay: false,
+        }
+    }
+
+    /// v2: calibrated roofline queue and prefill model, no link backlog.
+    pub fn v2() -> DenOptions {
+        DenOptions {
+            queue: QueueModel::Calibrated,
+            ..DenOptions::v1()
+        }
+    }
+
+    /// v3: v2 plus link backlogs.
+    pub fn v3() -> DenOptions {
+        DenOptions {
+            link_backlog: true,
+            ..DenOptions::v2()
+        }
+    }
+
+    /// v4: v3 plus capacity wait.
+    pub fn v4() -> DenOptions {
+        DenOptions {
+            capacity_wait: true,
+            ..DenOptions::v3()
+        }
+    }
+
+    /// v5: v4 plus the marginal delay on the worker's pending requests.
+    pub fn v5() -> DenOptions {
+        DenOptions {
+            marginal_delay: true,
+            ..DenOptions::v4()
+        }
+    }
+
+    /// v6: v5 with queue and imposed delay from the replayed engine plan.
+    pub fn v6() -> DenOptions {
+        DenOptions {
+            replay: true,
+            ..DenOptions::v5()
+        }
+    }
+
+    /// The estimate den-agent's router computes from heartbeats (`candidate::estimate`
+    /// on the worker's reported queue, prefill cost and first-token cost, tiers priced
+    /// by bytes over throughput; ranked by the request's own predicted TTFT): what the
+    /// simulator runs to be compared with real agents on the synthetic profile.
+    pub fn router() -> DenOptions {
+        DenOptions {
+            queue: QueueModel::Reported,
+            ..DenOptions::v1()
+        }
+    }
+
+    /// The named iteration step (`v1`, `v2`, …; `latest` is the default; `router` is
+    /// [`DenOptions::router`]).
+    pub fn preset(name: &str) -> Option<DenOptions> {
+        match name {
+            "router" => Some(DenOptions::router()),
+            "v1" => Some(DenOptions::v1()),
+            "v2" => Some(DenOptions::v2()),
+            "v3" => Some(DenOptions::v3()),
+            "v4" => Some(DenOptions::v4()),
+            "v5" => Some(DenOptions::v5()),
+            "v6" | "latest" => Some(DenOptions::v6()),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,304 @@
+//! The fleet simulator's discrete-event replay: arrivals in trace order, routed by one
+//! policy, executed by the simulated workers.
+//!
+//! Three names for three things: this replay (the fleet study's own worker, cache and
+//! cost models; only the estimate is shared with what runs); `den_protocol::sim` (the
+//! deterministic simulator that drives the real router and worker machines through the
+//! spec's scenarios); and [`crate::simulate`] (the `den-fleet simulate` command, which
+//! runs this replay once per policy and fleet size).
+//!
+//! Events are (time, worker) step ends and wake-ups in a min-heap; each worker holds at
+//! most one live event (older ones carry a stale version and are skipped). Before an
+//! arrival at `t` every worker event at or before `t` is processed, so the router sees
+//! each worker as of `t`, and ties go to the worker (a step ending at `t` frees its
+//! capacity for a request arriving at `t`). Integer microseconds throughout; no
+//! randomness; the same inputs give the same result, byte for byte.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, BinaryHeap};
+
+use serde::{Deserialize, Serialize};
+
+use super::cache::TierTraffic;
+use super::cost::{CostModel, Micros};
+use super::den::{DenOptions, StudyDecision};
+use super::heartbeat::{Beats, Heartbeats};
+use super::metrics::{Latency, PolicyReport, Prediction, Spread, Throughput, TierTokens};
+use super::policy::{FleetView, Policy, PolicyKind, RouteRequest};
+use super::trace::Workload;
+use super::worker::{ReqState, Shared, Worker};
+
+/// A fleet to replay a workload on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FleetConfig {
+    pub workers: usize,
+    pub cost: CostModel,
+    pub den: DenOptions,
+    /// Requests (replay indices) whose routing decisions are recorded, for policies that
+    /// can explain themselves (den).
+    pub explain: BTreeSet<usize>,
+    /// `Some`: policies see each worker's load as of its last heartbeat, like
+    /// den-agent's router ([`super::heartbeat`]); `None` (default): as of now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeats: Option<Heartbeats>,
+}
+
+impl FleetConfig {
+    /// `workers` workers with the default cost model and den options.
+    pub fn new(workers: usize) -> FleetConfig {
+        FleetConfig {
+            workers: workers.max(1),
+            cost: CostModel::default(),
+            den: DenOptions::default(),
+            explain: BTreeSet::new(),
+            heartbeats: None,
+        }
+    }
+}
+
+/// One policy's replay: the report plus per-request outcomes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PolicyRun {
+    pub report: PolicyReport,
+    /// TTFT of each request in replay order, µs.
+    pub ttft_us: Vec<u64>,
+    /// The worker each request ran on.
+    pub worker: Vec<u32>,
+    /// Reused prompt tokens of each request.
+    pub reused_tokens: Vec<u32>,
+    /// When each request's prefill started (first chunk scheduled), µs after arrival.
+    pub wait_us: Vec<u64>,
+    /// The policy's TTFT prediction for each request, ms (den only).
+    pub predicted_ttft_ms: Vec<Option<f64>>,
+    pub decisions: Vec<StudyDecision>,
+}
+
+/// Replays `workload` through a fresh policy of `kind`.
+pub fn run_policy(workload: &Workload, config: &FleetConfig, kind: PolicyKind) -> PolicyRun {
+    let mut policy = kind.build(&config.den);
+    run_with(workload, config, policy.as_mut())
+}
+
+/// Replays `workload` through `policy` (any [`Policy`] implementation).
+pub fn run_with(workload: &Workload, config: &FleetConfig, policy: &mut dyn Policy) -> PolicyRun {
+    let n = config.workers.max(1);
+    let cost = &config.cost;
+    let mut workers: Vec<Worker> = (0..n)
+        .map(|i| Worker::new(i as u32, workload, cost))
+        .collect();
+    let mut sh = Shared {
+        workload,
+        cost,
+        reqs: vec![ReqState::default(); workload.requests.len()],
+        published_at: vec![Micros::MAX; workload.block_count()],
+        overcommits: 0,
+    };
+    let mut events: BinaryHeap<Reverse<(Micros, usize, u64)>> = BinaryHeap::new();
+    let mut versions = vec![0u64; n];
+    let mut decisions = Vec::new();
+    let mut predicted = Vec::with_capacity(workload.requests.len());
+    let start = workload.requests.first().map_or(0, |r| r.arrival_us);
+    let mut beats = config
+        .heartbeats
+        .map(|h| Beats::new(h, start, &workers, &sh));
+
+    for (i, req) in workload.requests.iter().enumerate() {
+        let now = req.arrival_us;
+        drain(
+            &mut events,
+            &mut versions,
+            &mut workers,
+            &mut sh,
+            Some(now),
+            beats.as_mut(),
+        );
+        let request = RouteRequest {
+            index: i,
+            line: req.line,
+            input_tokens: req.input_tokens,
+            output_tokens: req.output_tokens,
+            blocks: workload.blocks(req),
+            explain: config.explain.contains(&i),
+        };
+        let route = {
+            let view = FleetView::new(now, &workers, &sh, beats.as_ref().map(Beats::snapshots));
+            policy.route(&request, &view)
+        };
+        predicted.push(route.predicted_ttft_ms);
+        if let Some(record) = route.record {
+            decisions.push(record);
+        }
+        let w = route.worker.min(n - 1);
+        if let (Some(b), Some(work)) = (beats.as_mut(), route.added_work_ms) {
+            b.dispatched(w, work);
+        }
+        let Some(worker) = workers.get_mut(w) else {
+            continue;
+        };
+        if let Some(next) = worker.dispatch(now, i as u32, route.reuse, &mut sh) {
+            schedule(&mut events, &mut versions, w, next);
+        }
+    }
+    drain(
+        &mut events,
+        &mut versions,
+        &mut workers,
+        &mut sh,
+        None,
+        None,
+    );
+
+    for d in &mut decisions {
+        if let (Some(st), Some(req)) = (sh.reqs.get(d.request), workload.requests.get(d.request)) {
+            d.measured_ttft_ms =
+                Some(st.first_token.saturating_sub(req.arrival_us) as f64 / 1000.0);
+        }
+    }
+    summarise(policy.name(), workload, &workers, sh, decisions, predicted)
+}
+
+fn schedule(
+    events: &mut BinaryHeap<Reverse<(Micros, usize, u64)>>,
+    versions: &mut [u64],
+    w: usize,
+    at: Micros,
+) {
+    if let Some(v) = versions.get_mut(w) {
+        *v += 1;
+        events.push(Reverse((at, w, *v)));
+    }
+}
+
+/// Processes worker events up to and including `until` (all of them for `None`), and
+/// the heartbeats due in between (a heartbeat at the time of an event follows it).
+fn drain(
+    events: &mut BinaryHeap<Reverse<(Micros, usize, u64)>>,
+    versions: &mut [u64],
+    workers: &mut [Worker],
+    sh: &mut Shared,
+    until: Option<Micros>,
+    mut beats: Option<&mut Beats>,
+) {
+    loop {
+        let event = events.peek().map(|Reverse((at, _, _))| *at);
+        let beat = beats.as_ref().and_then(|b| b.next());
+        let next = match (event, beat) {
+            (Some(e), Some(b)) => e.min(b),
+            (Some(e), None) => e,
+            (None, Some(b)) => b,
+            (None, None) => return,
+        };
+        let done = match until {
+            Some(t) => next > t,
+            // The final drain: no more arrivals, so no more heartbeats to take.
+            None => event.is_none(),
+        };
+        if done {
+            return;
+        }
+        if beat.is_some_and(|b| event.is_none_or(|e| b < e)) {
+            if let Some(b) = beats.as_deref_mut() {
+                b.fire(workers, sh);
+            }
+            continue;
+        }
+        let Some(Reverse((at, w, v))) = events.pop() else {
+            return;
+        };
+        if versions.get(w) != Some(&v) {
+            continue;
+        }
+        let Some(worker) = workers.get_mut(w) else {
+            continue;
+        };
+        if let Some(next) = worker.on_event(at, sh) {
+            schedule(events, versions, w, next);
+        }
+        if let Some(b) = beats.as_deref_mut() {
+            b.after_event(w, worker, at);
+        }
+    }
+}
+
+fn summarise(
+    name: &str,
+    workload: &Workload,
+    workers: &[Worker],
+    sh: Shared,
+    decisions: Vec<StudyDecision>,
+    predicted: Vec<Option<f64>>,
+) -> PolicyRun {
+    let mut ttft = Vec::with_capacity(sh.reqs.len());
+    let mut reused = TierTokens::default();
+    let mut prompt = 0u64;
+    let mut output = 0u64;
+    let mut last_done = 0;
+    for (st, req) in sh.reqs.iter().zip(&workload.requests) {
+        ttft.push(st.first_token.saturating_sub(req.arrival_us));
+        prompt += req.input_tokens as u64;
+        output += req.output_tokens as u64;
+        last_done = last_done.max(st.done);
+        let [g, r, s, o] = st.source_tokens;
+        reused.gpu += g as u64;
+        reused.ram += r as u64;
+        reused.ssd += s as u64;
+        reused.object += o as u64;
+    }
+    let first = workload.requests.first().map_or(0, |r| r.arrival_us);
+    let makespan_s = last_done.saturating_sub(first) as f64 / 1e6;
+    let per_s = |x: f64| {
+        if makespan_s > 0.0 {
+            x / makespan_s
+        } else {
+            0.0
+        }
+    };
+    let mut tiers = TierTraffic::default();
+    for w in workers {
+        tiers.add(&w.cache.traffic);
+    }
+    let busy: Vec<u64> = workers.iter().map(|w| w.busy_us).collect();
+    let routed: Vec<u32> = workers.iter().map(|w| w.routed).collect();
+    let report = PolicyReport {
+        policy: name.to_owned(),
+        workers: workers.len(),
+        requests: workload.requests.len(),
+        ttft_ms: Latency::from_us(&ttft),
+        throughput: Throughput {
+            makespan_s,
+            requests_per_s: per_s(workload.requests.len() as f64),
+            prompt_tokens_per_s: per_s(prompt as f64),
+            output_tokens_per_s: per_s(output as f64),
+        },
+        prefix_hit_rate: if prompt == 0 {
+            0.0
+        } else {
+            reused.total() as f64 / prompt as f64
+        },
+        prompt_tokens: prompt,
+        reused_tokens: reused,
+        tokens_recomputed: prompt - reused.total(),
+        tiers,
+        load_spread: Spread::new(routed, &busy),
+        overcommits: sh.overcommits,
+        prediction: Prediction::new(&predicted, &ttft),
+    };
+    PolicyRun {
+        report,
+        ttft_us: ttft,
+        worker: sh.reqs.iter().map(|s| s.worker).collect(),
+        reused_tokens: sh.reqs.iter().map(|s| s.reused_tokens).collect(),
+        predicted_ttft_ms: predicted,
+        wait_us: sh
+            .reqs
+            .iter()
+            .zip(&workload.requests)
+            .map(|(s, r)| {
+                s.started
+                    .unwrap_or(s.first_token)
+                    .saturating_sub(r.arrival_us)
+            })
+            .collect(),
+        decisions,
+    }
+}

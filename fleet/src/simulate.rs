@@ -1,0 +1,452 @@
+//! `den-fleet simulate`: replay a Mooncake-format trace through den's routing policy and
+//! the baselines (round-robin, least-loaded, Dynamo, SGLang, llm-d) on the deterministic
+//! fleet simulator of this crate ([`crate::replay`]), and print one comparison table per
+//! fleet size (mean/p50/p99 TTFT, throughput, prefix hit rate, tokens recomputed, bytes
+//! moved per tier, evictions, per-worker load spread).
+//!
+//! The simulation itself is pure (the rest of this crate); this module reads the trace
+//! file, parses the options and runs the policies on two threads (each replay is
+//! independent and deterministic, so the output does not depend on the threads).
+//!
+//! ```text
+//! den-fleet simulate [--trace FILE] [--workers 8|4,8,16] [--policies all|den,dynamo,…]
+//!                    [--json] [--limit N] [--no-object-store] [--explain K] [--den vN]
+//!                    [--profile h100|synthetic]
+//! ```
+//!
+//! `--profile synthetic` replaces the H100 deployment with den's own synthetic engine
+//! (`den_fleet::synthetic`, one operation at a time per worker; what
+//! `den-fleet validate` checks against real agents) at the trace's 512-token blocks.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+use clap::Args;
+use serde::Serialize;
+
+use crate::trace::MOONCAKE_BLOCK_TOKENS;
+use crate::{
+    Contrast, DenOptions, FleetConfig, FleetReport, PolicyKind, PolicyRun, SyntheticProfile,
+    TimeSplit, Trace, Workload, contrasts, contrasts_text, parse_policies, report, run_policy,
+    time_split, time_split_text,
+};
+
+/// The vendored Mooncake conversation trace, relative to the repository root.
+pub const DEFAULT_TRACE: &str = "tests/fixtures/mooncake/conversation_trace.jsonl";
+
+/// Threads the policies run on (the project machine has two cores).
+const THREADS: usize = 2;
+
+/// Options of `den-fleet simulate`.
+#[derive(Debug, Clone, PartialEq, Eq, Args)]
+pub struct SimulateArgs {
+    /// Mooncake-format trace: one JSON request per line with timestamp (ms),
+    /// input_length, output_length and hash_ids. Defaults to the vendored conversation
+    /// trace when run from the repository root.
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
+    /// Workers in the fleet: one number, or a comma-separated list for one table each.
+    #[arg(long, value_name = "N|LIST", default_value = "8")]
+    pub workers: String,
+    /// Policies to compare: `all`, or a comma-separated list of den, round-robin,
+    /// least-loaded, dynamo, sglang, llm-d.
+    #[arg(long, value_name = "LIST|all", default_value = "all")]
+    pub policies: String,
+    /// Print the reports as JSON instead of tables.
+    #[arg(long)]
+    pub json: bool,
+    /// Replay only the first N requests (by arrival).
+    #[arg(long, value_name = "N")]
+    pub limit: Option<usize>,
+    /// Remove the shared object-store tier (workers keep GPU, host RAM and SSD).
+    #[arg(long)]
+    pub no_object_store: bool,
+    /// Also show den's decision records for its K biggest wins and K biggest losses
+    /// against the best other policy.
+    #[arg(long, value_name = "K", default_value_t = 0)]
+    pub explain: usize,
+    /// Which iteration of den's policy to run (v1 … v6; `latest` is the newest; `router`
+    /// is the estimate den-agent's router computes, for the synthetic profile).
+    #[arg(long, value_name = "VERSION", default_value = "latest")]
+    pub den: String,
+    /// The deployment: `h100` (Llama-3.1-8B on H100s with batched chunked prefill) or
+    /// `synthetic` (den's synthetic engine, one operation at a time per worker).
+    #[arg(long, value_name = "PROFILE", default_value = "h100")]
+    pub profile: String,
+}
+
+impl Default for SimulateArgs {
+    fn default() -> Self {
+        SimulateArgs {
+            trace: None,
+            workers: "8".into(),
+            policies: "all".into(),
+            json: false,
+            limit: None,
+            no_object_store: false,
+            explain: 0,
+            den: "latest".into(),
+            profile: "h100".into(),
+        }
+    }
+}
+
+/// One fleet size's results, as `--json` prints them.
+#[derive(Debug, Clone, Serialize)]
+pub struct FleetOutput {
+    pub report: FleetReport,
+    pub time_split: Vec<TimeSplit>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub explained: Vec<Contrast>,
+}
+
+/// Runs the simulation described by `args` and returns what to print: the tables (or
+/// JSON). Errors are one line naming what was wrong.
+pub fn run(args: &SimulateArgs) -> Result<String, String> {
+    let path = trace_path(args.trace.as_deref(), Path::new(DEFAULT_TRACE))?;
+    let workers = parse_workers(&args.workers)?;
+    let policies = parse_policies(&args.policies).map_err(|e| e.to_string())?;
+    let den = DenOptions::preset(args.den.trim()).ok_or_else(|| {
+        format!(
+            "unknown --den {:?}: use v1, v2, v3, v4, v5, v6, latest or router",
+            args.den
+        )
+    })?;
+    let synthetic = match args.profile.trim() {
+        "h100" => false,
+        "synthetic" => true,
+        other => {
+            return Err(format!(
+                "unknown --profile {other:?}: use h100 or synthetic"
+            ));
+        }
+    };
+    if args.limit == Some(0) {
+        return Err("--limit 0 replays nothing: give at least 1".into());
+    }
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| format!("cannot read trace {}: {e}", path.display()))?;
+    let mut trace = Trace::parse(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    if let Some(n) = args.limit {
+        trace = trace.truncated(n);
+    }
+    let workload = Workload::from_trace(&trace);
+    let configs: Vec<FleetConfig> = workers
+        .iter()
+        .map(|&n| {
+            let mut config = FleetConfig::new(n);
+            config.den = den.clone();
+            if synthetic {
+                config.cost = SyntheticProfile::validation(MOONCAKE_BLOCK_TOKENS).cost_model();
+            }
+            if args.no_object_store {
+                config.cost.object_store = None;
+            }
+            config
+        })
+        .collect();
+    let started = Instant::now();
+    let runs = run_all(&workload, &configs, &policies);
+    let elapsed = started.elapsed().as_secs_f64();
+    let outputs: Vec<FleetOutput> = configs
+        .iter()
+        .zip(runs)
+        .map(|(config, runs)| FleetOutput {
+            report: report(
+                &workload,
+                config,
+                runs.iter().map(|r| r.report.clone()).collect(),
+            ),
+            time_split: runs
+                .iter()
+                .map(|r| time_split(&workload, config, r))
+                .collect(),
+            explained: contrasts(&workload, config, &runs, args.explain),
+        })
+        .collect();
+    if args.json {
+        return serde_json::to_string_pretty(&outputs)
+            .map_err(|e| format!("cannot encode the reports as JSON: {e}"));
+    }
+    let mut out = String::new();
+    for o in &outputs {
+        out.push_str(&o.report.table());
+        out.push_str(&time_split_text(&o.time_split));
+        if !o.explained.is_empty() {
+            out.push('\n');
+            out.push_str(&contrasts_text(&o.explained));
+        }
+        out.push('\n');
+    }
+    out.push_str(&format!(
+        "({} fleet size(s) × {} policies replayed in {elapsed:.1} s wall)\n",
+        configs.len(),
+        policies.len()
+    ));
+    Ok(out)
+}
+
+/// The trace to read: `given`, or `default` when it exists (relative to the current
+/// directory).
+fn trace_path(given: Option<&Path>, default: &Path) -> Result<PathBuf, String> {
+    match given {
+        Some(p) => Ok(p.to_path_buf()),
+        None if default.is_file() => Ok(default.to_path_buf()),
+        None => Err(format!(
+            "--trace FILE is required here ({} is not under the current directory)",
+            default.display()
+        )),
+    }
+}
+
+/// `8` or `4,8,16`: positive worker counts, duplicates dropped, order kept.
+pub fn parse_workers(list: &str) -> Result<Vec<usize>, String> {
+    let bad = || {
+        format!(
+            "--workers {list:?}: expected a positive number of workers or a comma-separated list such as 4,8,16"
+        )
+    };
+    let mut out = Vec::new();
+    for part in list.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let n: usize = part.parse().map_err(|_| bad())?;
+        if n == 0 {
+            return Err(bad());
+        }
+        if !out.contains(&n) {
+            out.push(n);
+        }
+    }
+    if out.is_empty() {
+        return Err(bad());
+    }
+    Ok(out)
+}
+
+/// Replays every (fleet size, policy) pair on [`THREADS`] threads, each taking the next
+/// job in turn; results come back in input order.
+fn run_all(
+    workload: &Workload,
+    configs: &[FleetConfig],
+    policies: &[PolicyKind],
+) -> Vec<Vec<PolicyRun>> {
+    let jobs: Vec<(usize, PolicyKind)> = (0..configs.len())
+        .flat_map(|c| policies.iter().map(move |&p| (c, p)))
+        .collect();
+    let slots: Vec<Mutex<Option<PolicyRun>>> = jobs.iter().map(|_| Mutex::new(None)).collect();
+    let next = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..THREADS.min(jobs.len()) {
+            s.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let (Some(&(c, kind)), Some(slot)) = (jobs.get(i), slots.get(i)) else {
+                        break;
+                    };
+                    let Some(config) = configs.get(c) else { break };
+                    let run = run_policy(workload, config, kind);
+                    if let Ok(mut slot) = slot.lock() {
+                        *slot = Some(run);
+                    }
+                }
+            });
+        }
+    });
+    let mut out: Vec<Vec<PolicyRun>> = configs.iter().map(|_| Vec::new()).collect();
+    for (&(c, _), slot) in jobs.iter().zip(slots) {
+        let run = slot.into_inner().ok().flatten();
+        if let (Some(list), Some(run)) = (out.get_mut(c), run) {
+            list.push(run);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A small trace: two conversations, the second turn of each reusing the first.
+    fn tiny_trace() -> String {
+        [
+            r#"{"timestamp": 0, "input_length": 1500, "output_length": 20, "hash_ids": [1, 2, 3]}"#,
+            r#"{"timestamp": 10, "input_length": 1100, "output_length": 8, "hash_ids": [7, 8, 9]}"#,
+            r#"{"timestamp": 2000, "input_length": 2000, "output_length": 12, "hash_ids": [1, 2, 3, 4]}"#,
+            r#"{"timestamp": 2500, "input_length": 1600, "output_length": 5, "hash_ids": [7, 8, 9, 10]}"#,
+        ]
+        .join("\n")
+    }
+
+    fn write(dir: &tempfile::TempDir, name: &str, text: &str) -> PathBuf {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    fn args(trace: PathBuf) -> SimulateArgs {
+        SimulateArgs {
+            trace: Some(trace),
+            ..SimulateArgs::default()
+        }
+    }
+
+    #[test]
+    fn prints_one_table_per_fleet_size_with_every_policy() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = SimulateArgs {
+            workers: "2,3".into(),
+            ..args(write(&dir, "t.jsonl", &tiny_trace()))
+        };
+        let out = run(&a).unwrap();
+        assert_eq!(out.matches("4 requests over").count(), 2, "{out}");
+        assert!(out.contains(", 2 workers,") && out.contains(", 3 workers,"));
+        for p in PolicyKind::ALL {
+            assert!(out.contains(&format!("\n{:<13}", p.as_str())), "{p}: {out}");
+        }
+        assert!(out.contains("lower bound"));
+        assert!(out.contains("den mean TTFT vs best other policy"));
+    }
+
+    #[test]
+    fn json_is_the_same_replay_and_deterministic() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = SimulateArgs {
+            json: true,
+            policies: "den,dynamo".into(),
+            explain: 1,
+            ..args(write(&dir, "t.jsonl", &tiny_trace()))
+        };
+        let first = run(&a).unwrap();
+        assert_eq!(first, run(&a).unwrap(), "same input, same bytes");
+        let v: serde_json::Value = serde_json::from_str(&first).unwrap();
+        let fleets = v.as_array().unwrap();
+        assert_eq!(fleets.len(), 1);
+        let policies = fleets[0]["report"]["policies"].as_array().unwrap();
+        let names: Vec<&str> = policies
+            .iter()
+            .map(|p| p["policy"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["den", "dynamo"]);
+        assert_eq!(fleets[0]["report"]["workers"], 8);
+        assert_eq!(fleets[0]["time_split"].as_array().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn limit_and_no_object_store_reach_the_replay() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = SimulateArgs {
+            json: true,
+            limit: Some(3),
+            no_object_store: true,
+            policies: "round-robin".into(),
+            ..args(write(&dir, "t.jsonl", &tiny_trace()))
+        };
+        let v: serde_json::Value = serde_json::from_str(&run(&a).unwrap()).unwrap();
+        let r = &v[0]["report"];
+        assert_eq!(r["trace"]["requests"], 3);
+        assert!(r["cost"]["object_store"].is_null());
+        assert_eq!(r["policies"][0]["tiers"]["object_write_bytes"], 0);
+    }
+
+    #[test]
+    fn errors_are_one_line_and_say_what_to_fix() {
+        let dir = tempfile::tempdir().unwrap();
+        let good = write(&dir, "t.jsonl", &tiny_trace());
+        let mut errors = Vec::new();
+        let missing = dir.path().join("nope.jsonl");
+        let e = run(&args(missing)).unwrap_err();
+        assert!(
+            e.starts_with("cannot read trace") && e.contains("nope.jsonl"),
+            "{e}"
+        );
+        errors.push(e);
+
+        let e = run(&SimulateArgs {
+            policies: "den,magic".into(),
+            ..args(good.clone())
+        })
+        .unwrap_err();
+        assert!(e.contains("\"magic\"") && e.contains("llm-d"), "{e}");
+        errors.push(e);
+
+        let bad = write(
+            &dir,
+            "bad.jsonl",
+            &format!(
+                "{}\n{{\"timestamp\": 5}}\n",
+                tiny_trace().lines().next().unwrap()
+            ),
+        );
+        let e = run(&args(bad)).unwrap_err();
+        assert!(e.contains("line 2"), "{e}");
+        errors.push(e);
+
+        for w in ["0", "x", "", "4,-1"] {
+            let e = run(&SimulateArgs {
+                workers: w.into(),
+                ..args(good.clone())
+            })
+            .unwrap_err();
+            assert!(e.starts_with("--workers"), "{w}: {e}");
+            errors.push(e);
+        }
+        let e = run(&SimulateArgs {
+            den: "v99".into(),
+            ..args(good.clone())
+        })
+        .unwrap_err();
+        assert!(e.contains("v6"), "{e}");
+        errors.push(e);
+        let e = run(&SimulateArgs {
+            limit: Some(0),
+            ..args(good)
+        })
+        .unwrap_err();
+        assert!(e.contains("--limit"), "{e}");
+        errors.push(e);
+        for e in &errors {
+            assert!(!e.contains('\n'), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_synthetic_profile_reaches_the_replay() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = SimulateArgs {
+            json: true,
+            policies: "den".into(),
+            profile: "synthetic".into(),
+            den: "router".into(),
+            ..args(write(&dir, "t.jsonl", &tiny_trace()))
+        };
+        let v: serde_json::Value = serde_json::from_str(&run(&a).unwrap()).unwrap();
+        let cost = &v[0]["report"]["cost"];
+        assert_eq!(cost["model"], "den synthetic engine");
+        assert_eq!(cost["serial"]["prefill_ms_per_token"], 0.1);
+        let e = run(&SimulateArgs {
+            profile: "a100".into(),
+            ..a
+        })
+        .unwrap_err();
+        assert!(e.contains("--profile") && e.contains("synthetic"), "{e}");
+    }
+
+    #[test]
+    fn the_default_trace_is_used_only_when_it_exists() {
+        let dir = tempfile::tempdir().unwrap();
+        let there = write(&dir, "default.jsonl", &tiny_trace());
+        assert_eq!(trace_path(None, &there).unwrap(), there);
+        let given = dir.path().join("given.jsonl");
+        assert_eq!(trace_path(Some(&given), &there).unwrap(), given);
+        let e = trace_path(None, &dir.path().join("absent.jsonl")).unwrap_err();
+        assert!(e.starts_with("--trace FILE is required"), "{e}");
+    }
+
+    #[test]
+    fn worker_lists_parse() {
+        assert_eq!(parse_workers("8").unwrap(), vec![8]);
+        assert_eq!(parse_workers(" 4, 8,16,8 ").unwrap(), vec![4, 8, 16]);
+        assert!(parse_workers(",").is_err());
+    }
+}

@@ -1,0 +1,242 @@
+//! The deployment profile of den's own synthetic engine: what `den-agent worker` really
+//! does, so the fleet simulator can be checked against real agents
+//! (`den-fleet validate`).
+//!
+//! A den worker runs **one operation at a time, in FIFO order**, on one execution queue
+//! (`agent/src/worker/device.rs`): an assignment's first operation is queued when the
+//! worker accepts the offer, and each next one only when the previous one finished — so
+//! another request's operation queued meanwhile runs in between:
+//!
+//! 1. **restore** (when the chosen prefix is in a lower tier): fetch each chunk from the
+//!    tier, check it, scatter it into pages, read it back and verify it;
+//! 2. **prefill**: `prefill_ms_per_token` × the prompt tokens not restored or resident
+//!    (the processed prompt: every token but the last), really spent;
+//! 3. **decode**: `first_token_ms`, then the first token; `decode_ms_per_token` for
+//!    each further one; one operation for the whole output;
+//! 4. after completion, a **capture** of the route's new chunks for the checkpoint
+//!    (copied out of the pages, then stored in the tiers off the queue).
+//!
+//! No batching, no chunked-prefill interleaving: an operation runs to its end. The fleet
+//! simulator executes exactly this when [`CostModel::serial`] is set (its worker model,
+//! `worker/serial.rs`).
+//!
+//! # Where each number comes from
+//! Every field of [`SyntheticProfile`] is a `den-agent worker` flag (or the router's and
+//! workers' shared `--chunk-size`), except the restore rates, which the workers do not
+//! declare but spend on real memory and checksums:
+//!
+//! | profile | worker flag | in the simulator |
+//! |---|---|---|
+//! | `prefill_ms_per_token` | `--prefill-ms-per-token` | prefill operation per token |
+//! | `first_token_ms` | `--first-token-ms` | decode operation, until the first token |
+//! | `decode_ms_per_token` | `--decode-ms-per-token` | decode operation, each further token |
+//! | `pages × page_size` | `--pages`, `--page-size` | GPU pool in blocks of `chunk_tokens` |
+//! | `kv_bytes_per_token` | `--kv-bytes-per-token` | bytes per block (restore, capture, tiers) |
+//! | `ram_bytes` | `--ram-bytes` | RAM tier capacity in blocks |
+//! | `ssd_bytes` | `--ssd-bytes` | SSD tier capacity in blocks |
+//! | `chunk_tokens` | `--chunk-size` | the block size (one chunk = one block) |
+//! | `restore_bytes_per_s`, `restore_chunk_ms` | — (undeclared) | restore operation |
+//! | `capture_bytes_per_s` | — (undeclared) | capture operation |
+//!
+//! The restore and capture rates are **fixed defaults** (300 MB/s + 0.02 ms per chunk,
+//! 2 GB/s), set from measurements on the project's machine, not measured at run time;
+//! what they stand for: a restore
+//! from the RAM tier decodes the stored chunk (a SHA-256 pass), copies it into pages and,
+//! with `--verify-restores` (the default), regenerates and compares every row. With small
+//! rows (`--kv-bytes-per-token 256`) this is a few µs per KiB plus a fixed cost per
+//! chunk — well under a percent of a prefill — so it matters only as a sanity check.
+//! There is no object store in this profile; SSD reads (when `ssd_bytes > 0`) use the
+//! same rates plus the file read, approximated by `ssd_read_bytes_per_s`.
+//!
+//! What the profile does **not** model: the time between the router's decision and the
+//! worker's acceptance (a loopback round trip), the host's scheduling noise (sleeps overshoot by tens of µs), and
+//! the real pool's eviction policy (the simulator evicts blocks LRU-first). The
+//! validation measures how much these leave between predicted and measured TTFT.
+
+use serde::{Deserialize, Serialize};
+
+use super::cost::CostModel;
+
+/// The declared costs of a serial (one operation at a time, FIFO) engine, in the units
+/// of the `den-agent worker` flags.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct SerialEngine {
+    pub prefill_ms_per_token: f64,
+    pub first_token_ms: f64,
+    pub decode_ms_per_token: f64,
+    /// Fixed cost of restoring one chunk from a lower tier (fetch, check, scatter,
+    /// verify), on top of its bytes at [`CostModel::pcie_bytes_per_s`].
+    pub restore_chunk_ms: f64,
+    /// Bytes per second of a checkpoint capture (rows copied out of the pages).
+    pub capture_bytes_per_s: f64,
+}
+
+impl SerialEngine {
+    /// A capture of `bytes`, µs.
+    pub fn capture_us(&self, bytes: u64) -> u64 {
+        if self.capture_bytes_per_s > 0.0 {
+            (bytes as f64 * 1e6 / self.capture_bytes_per_s).round() as u64
+        } else {
+            0
+        }
+    }
+
+    /// The decode operation: the first token, then every further one.
+    pub fn decode_ms(&self, output_tokens: u32) -> f64 {
+        self.first_token_ms + self.decode_ms_per_token * output_tokens.saturating_sub(1) as f64
+    }
+}
+
+/// A den synthetic-engine deployment: the worker flags (module docs) and the measured
+/// restore rates.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SyntheticProfile {
+    pub prefill_ms_per_token: f64,
+    pub first_token_ms: f64,
+    pub decode_ms_per_token: f64,
+    pub pages: u32,
+    pub page_size: u32,
+    pub kv_bytes_per_token: u64,
+    pub ram_bytes: u64,
+    pub ssd_bytes: u64,
+    /// The chunk size of the router and every worker: one simulator block.
+    pub chunk_tokens: u32,
+    /// Bytes per second of a restore from the RAM tier into pages (measured).
+    pub restore_bytes_per_s: f64,
+    /// Fixed cost per restored chunk, ms (measured).
+    pub restore_chunk_ms: f64,
+    /// Bytes per second of a checkpoint capture (a copy out of the pages).
+    pub capture_bytes_per_s: f64,
+    /// Bytes per second of an SSD tier read (only used when `ssd_bytes > 0`).
+    pub ssd_read_bytes_per_s: f64,
+}
+
+impl Default for SyntheticProfile {
+    /// `den-agent worker`'s defaults (0.05 ms/token prefill, 2 ms first token, 5 ms per
+    /// decode step, 1024 pages of 16 tokens, 4 KiB rows, 1 GiB RAM tier, no SSD, 256-token
+    /// chunks) with restore rates measured on the project's 2-core VM.
+    fn default() -> Self {
+        SyntheticProfile {
+            prefill_ms_per_token: 0.05,
+            first_token_ms: 2.0,
+            decode_ms_per_token: 5.0,
+            pages: 1024,
+            page_size: 16,
+            kv_bytes_per_token: 4096,
+            ram_bytes: 1 << 30,
+            ssd_bytes: 0,
+            chunk_tokens: 256,
+            restore_bytes_per_s: 300e6,
+            restore_chunk_ms: 0.02,
+            capture_bytes_per_s: 2e9,
+            ssd_read_bytes_per_s: 1e9,
+        }
+    }
+}
+
+impl SyntheticProfile {
+    /// The deployment `den-fleet validate` runs by default: 0.1 ms/token prefill, 5 ms
+    /// first token, 2 ms per decode step, 8192 pages of 16 tokens, 256-byte rows, a 1 GiB
+    /// RAM tier, no SSD, `chunk_tokens`-token chunks (64: the Mooncake trace at 1/8
+    /// length), restore rates as in [`SyntheticProfile::default`].
+    pub fn validation(chunk_tokens: u32) -> SyntheticProfile {
+        SyntheticProfile {
+            prefill_ms_per_token: 0.1,
+            first_token_ms: 5.0,
+            decode_ms_per_token: 2.0,
+            pages: 8192,
+            page_size: 16,
+            kv_bytes_per_token: 256,
+            ram_bytes: 1 << 30,
+            ssd_bytes: 0,
+            chunk_tokens,
+            ..SyntheticProfile::default()
+        }
+    }
+
+    /// The engine's declared costs.
+    pub fn engine(&self) -> SerialEngine {
+        SerialEngine {
+            prefill_ms_per_token: self.prefill_ms_per_token,
+            first_token_ms: self.first_token_ms,
+            decode_ms_per_token: self.decode_ms_per_token,
+            restore_chunk_ms: self.restore_chunk_ms,
+            capture_bytes_per_s: self.capture_bytes_per_s,
+        }
+    }
+
+    /// Tokens the page pool holds.
+    pub fn pool_tokens(&self) -> u64 {
+        self.pages as u64 * self.page_size as u64
+    }
+
+    /// The simulator's cost model of this deployment.
+    pub fn cost_model(&self) -> CostModel {
+        let block = self.chunk_tokens.max(1);
+        let block_bytes = (self.kv_bytes_per_token * block as u64).max(1);
+        let blocks = |bytes: u64| u32::try_from(bytes / block_bytes).unwrap_or(u32::MAX);
+        let pool = self.pool_tokens();
+        CostModel {
+            model: "den synthetic engine".into(),
+            gpu: format!(
+                "{} pages × {} tokens, serial FIFO queue",
+                self.pages, self.page_size
+            ),
+            // No roofline: a serial engine's steps are its declared costs.
+            params: 0.0,
+            layers: 0,
+            q_heads: 0,
+            kv_heads: 0,
+            head_dim: 0,
+            max_context: u32::try_from(pool).unwrap_or(u32::MAX),
+            kv_bytes_per_token: self.kv_bytes_per_token,
+            block_tokens: block,
+            peak_flops: 0.0,
+            mfu: 0.0,
+            hbm_bytes_per_s: 0.0,
+            hbm_efficiency: 0.0,
+            gpu_kv_blocks: u32::try_from(pool / block as u64).unwrap_or(u32::MAX),
+            max_batched_tokens: u32::try_from(pool).unwrap_or(u32::MAX),
+            max_running: u32::MAX,
+            ram_blocks: blocks(self.ram_bytes),
+            ssd_blocks: blocks(self.ssd_bytes),
+            pcie_bytes_per_s: self.restore_bytes_per_s.max(1.0),
+            nvme_bytes_per_s: self.ssd_read_bytes_per_s.max(1.0),
+            nvme_fixed_us: 0,
+            object_store: None,
+            serial: Some(self.engine()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cost_model_mirrors_the_worker_flags() {
+        let p = SyntheticProfile {
+            pages: 4096,
+            page_size: 16,
+            kv_bytes_per_token: 256,
+            ram_bytes: 64 << 20,
+            chunk_tokens: 64,
+            ..SyntheticProfile::default()
+        };
+        let c = p.cost_model();
+        assert_eq!(c.block_tokens, 64);
+        assert_eq!(c.gpu_kv_blocks, 4096 * 16 / 64);
+        assert_eq!(c.ram_blocks, (64 << 20) / (256 * 64));
+        assert_eq!(c.ssd_blocks, 0);
+        assert!(c.object_store.is_none());
+        // Linear prefill, declared first token, decode one token after another.
+        assert_eq!(c.solo_prefill_ms(100, 300), 200.0 * 0.05);
+        assert_eq!(c.first_token_ms(), 2.0);
+        assert_eq!(c.step_us(10, 0.0, 2, 0), 10_500);
+        assert_eq!(p.engine().decode_ms(3), 2.0 + 2.0 * 5.0);
+        assert_eq!(p.engine().decode_ms(0), 2.0);
+        // The H100 profile stays batched.
+        assert!(CostModel::default().serial.is_none());
+        assert_eq!(CostModel::default().first_token_ms(), 0.0);
+    }
+}

@@ -1,0 +1,217 @@
+//! Sending a scaled slice through a real router by timestamp, measuring each request at
+//! the client.
+
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use crate::ScaledTrace;
+use den_protocol::observation::Observation;
+
+/// How long the client waits for the last answer after the last arrival.
+const DRAIN: Duration = Duration::from_secs(600);
+
+/// Before the first arrival, so every request is built and every task waiting.
+const LEAD: Duration = Duration::from_millis(300);
+
+/// What the client saw of one request.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Measured {
+    /// Request sent → first streamed token, ms.
+    pub client_ttft_ms: Option<f64>,
+    /// How late the client sent it after its scaled arrival, ms (client load).
+    pub send_lag_ms: f64,
+    /// The router's measured TTFT (its decision record: first delta − submission), ms.
+    pub router_ttft_ms: Option<f64>,
+    /// The router's predicted TTFT for the attempt that served the request, ms.
+    pub router_predicted_ttft_ms: Option<f64>,
+    pub worker: Option<String>,
+    pub tier: Option<String>,
+    pub cached_tokens: Option<u32>,
+    /// Prompt tokens the router received.
+    pub prompt_tokens: Option<u32>,
+    /// Tokens generated.
+    pub output_tokens: u32,
+    /// Offers made (1 unless a worker declined or timed out).
+    pub attempts: usize,
+    pub error: Option<String>,
+}
+
+/// Replays every request of `slice` through the router at `router` (`http://host:port`):
+/// request `i` is sent `arrival_us` after the start. Requests are *submitted* in slice
+/// order — the next one is sent once the router answered the previous one's headers,
+/// which it does right after submitting it — so requests with the same arrival (the
+/// trace has bursts at the same millisecond) reach the router in the simulator's order;
+/// each response is then read concurrently. Results in slice order; a request that
+/// failed or got no answer carries `error`.
+pub async fn replay(router: &str, slice: &ScaledTrace) -> Vec<Measured> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = match reqwest::Client::builder().tcp_nodelay(true).build() {
+        Ok(c) => c,
+        Err(e) => {
+            let error = format!("cannot build an HTTP client: {e}");
+            return slice
+                .requests
+                .iter()
+                .map(|_| Measured {
+                    error: Some(error.clone()),
+                    ..Measured::default()
+                })
+                .collect();
+        }
+    };
+    let url = format!("{}/v1/generate", router.trim_end_matches('/'));
+    let bodies: Vec<Vec<u8>> = slice
+        .requests
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let body = json!({
+                "id": format!("validate-{i}"),
+                "tokens": slice.tokens(i),
+                "max_new_tokens": r.output_tokens,
+                "deadline_ms": DRAIN.as_millis() as u64,
+            });
+            serde_json::to_vec(&body).unwrap_or_default()
+        })
+        .collect();
+    let start = tokio::time::Instant::now() + LEAD;
+    let last = slice.requests.last().map_or(0, |r| r.arrival_us);
+    let deadline = start + Duration::from_micros(last) + DRAIN;
+    let mut tasks = Vec::with_capacity(bodies.len());
+    for (r, body) in slice.requests.iter().zip(bodies) {
+        let at = start + Duration::from_micros(r.arrival_us);
+        tokio::time::sleep_until(at).await;
+        let lag = tokio::time::Instant::now().saturating_duration_since(at);
+        let t0 = Instant::now();
+        let sent = client
+            .post(&url)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body)
+            .send();
+        let sent = tokio::time::timeout_at(deadline, sent).await;
+        tasks.push(tokio::spawn(async move {
+            let result = match sent {
+                Ok(Ok(resp)) => read(resp, t0).await,
+                Ok(Err(e)) => Err(format!("request failed: {e}")),
+                Err(_) => Err("the router did not answer".to_owned()),
+            };
+            let mut m = result.unwrap_or_else(|e| Measured {
+                error: Some(e),
+                ..Measured::default()
+            });
+            m.send_lag_ms = lag.as_secs_f64() * 1e3;
+            m
+        }));
+    }
+    let mut out = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        let abort = task.abort_handle();
+        out.push(match tokio::time::timeout_at(deadline, task).await {
+            Ok(Ok(m)) => m,
+            Ok(Err(e)) => Measured {
+                error: Some(format!("the request task failed: {e}")),
+                ..Measured::default()
+            },
+            Err(_) => {
+                abort.abort();
+                Measured {
+                    error: Some(format!(
+                        "no answer within {} s of the last arrival",
+                        DRAIN.as_secs()
+                    )),
+                    ..Measured::default()
+                }
+            }
+        });
+    }
+    out
+}
+
+/// What one worker measured of its own costs (its last heartbeat), against which the
+/// profile's declared costs can be read.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WorkerCalibration {
+    pub worker: String,
+    /// Measured prefill cost per token (EWMA), ms.
+    pub prefill_ms_per_token: f64,
+    /// Measured first-token cost (EWMA), ms.
+    pub first_token_ms: f64,
+    /// Measured RAM-tier read throughput, bytes/ms (absent before the first read).
+    pub ram_read_bytes_per_ms: Option<f64>,
+    /// Measured host → page upload throughput, bytes/ms.
+    pub upload_bytes_per_ms: f64,
+}
+
+/// The workers' last heartbeats as the router holds them (empty when unreachable).
+pub async fn calibration(router: &str) -> Vec<WorkerCalibration> {
+    let url = format!("{}/v1/workers", router.trim_end_matches('/'));
+    let Ok(resp) = reqwest::get(&url).await else {
+        return Vec::new();
+    };
+    let observations: Vec<Observation> = resp.json().await.unwrap_or_default();
+    observations
+        .into_iter()
+        .map(|o| WorkerCalibration {
+            worker: o.worker_id.to_string(),
+            prefill_ms_per_token: o.prefill_ms_per_token,
+            first_token_ms: o.first_token_ms,
+            ram_read_bytes_per_ms: o
+                .tier_throughput_bytes_per_ms
+                .get(&den_protocol::candidate::Tier::Ram)
+                .copied(),
+            upload_bytes_per_ms: o.gpu_restore_bytes_per_ms,
+        })
+        .collect()
+}
+
+/// Reads one response sent at `t0`: the measurement, or a one-line error.
+async fn read(resp: reqwest::Response, t0: Instant) -> Result<Measured, String> {
+    if !resp.status().is_success() {
+        let status = resp.status();
+        let text = resp.text().await.unwrap_or_default();
+        return Err(format!("{status}: {}", text.trim()));
+    }
+    let mut stream = resp.bytes_stream();
+    let mut buf: Vec<u8> = Vec::new();
+    let mut first: Option<f64> = None;
+    let mut output = 0u32;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| format!("stream failed: {e}"))?;
+        buf.extend_from_slice(&chunk);
+        while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=pos).collect();
+            let v: Value = serde_json::from_slice(&line).map_err(|e| format!("bad line: {e}"))?;
+            match v["type"].as_str() {
+                Some("delta") => {
+                    first.get_or_insert_with(|| t0.elapsed().as_secs_f64() * 1e3);
+                    output += 1;
+                }
+                Some("completed") => {
+                    let number = |k: &str| v[k].as_f64();
+                    let count = |k: &str| v[k].as_u64().and_then(|n| u32::try_from(n).ok());
+                    return Ok(Measured {
+                        client_ttft_ms: first,
+                        router_ttft_ms: number("ttft_ms"),
+                        router_predicted_ttft_ms: number("predicted_ttft_ms"),
+                        worker: v["worker"].as_str().map(str::to_owned),
+                        tier: v["tier"].as_str().map(str::to_owned),
+                        cached_tokens: count("cached_tokens"),
+                        prompt_tokens: count("prompt_tokens"),
+                        output_tokens: output,
+                        attempts: v["attempts"].as_array().map_or(0, Vec::len),
+                        ..Measured::default()
+                    });
+                }
+                Some("error") => {
+                    return Err(v["message"].as_str().unwrap_or("error").to_owned());
+                }
+                Some("cancelled") => return Err("cancelled".into()),
+                _ => {}
+            }
+        }
+    }
+    Err("the stream ended without a terminal line".into())
+}

@@ -1,0 +1,435 @@
+//! Candidate generation from live observations and the chunk catalog (spec §6.1): the
+//! alternatives of one request; [`crate::candidate`] estimates and ranks them.
+//!
+//! For one request and every live worker this builds the alternatives the router ranks:
+//! recompute (tier `none`), one GPU alternative per planned chunk boundary the worker
+//! advertises as resident, and one durable alternative per boundary of the longest
+//! root-contiguous run of catalogued chunks the worker can load (from its own RAM/SSD
+//! replicas, or from the object store). The lowest predicted TTFT wins later, not the
+//! longest prefix, so every boundary is offered.
+
+use crate::candidate::{Candidate, Tier};
+use crate::chunk::{ChunkDescriptor, plan_chunks};
+use crate::chunk_catalog::{ChunkCatalog, ChunkEntry};
+use crate::ids::ModelFingerprint;
+use crate::observation::Observation;
+use crate::request::GenerationRequest;
+
+/// Build every candidate for `request` from `observations` and `catalog`.
+///
+/// Offline workers and workers without the model still yield their alternatives (marked
+/// offline / model-not-loaded) so the decision record can say why they were passed over;
+/// ranking drops them.
+pub fn candidates_for<'a>(
+    request: &GenerationRequest,
+    chunk_size: u32,
+    observations: impl IntoIterator<Item = &'a Observation>,
+    catalog: &ChunkCatalog,
+) -> Vec<Candidate> {
+    let plan = plan_chunks(request.processed_tokens(), chunk_size);
+    let run = catalog.matched_run(&request.model, &plan);
+    let mut out = Vec::new();
+    for obs in observations {
+        out.extend(worker_candidates(request, &plan, &run, obs, catalog));
+    }
+    out
+}
+
+fn worker_candidates(
+    request: &GenerationRequest,
+    plan: &[ChunkDescriptor],
+    run: &[(&ChunkDescriptor, &ChunkEntry)],
+    obs: &Observation,
+    catalog: &ChunkCatalog,
+) -> Vec<Candidate> {
+    let base = base_candidate(request, obs);
+    let mut out = vec![base.clone()];
+    if !base.model_loaded || !base.online {
+        return out;
+    }
+    // GPU residency is purely an observation: no catalog entry needed.
+    for d in plan {
+        if let Some(p) = obs.gpu_prefixes.iter().find(|p| {
+            p.model == request.model && p.prefix_hash == d.hash && p.token_count == d.end()
+        }) {
+            out.push(Candidate {
+                tier: Tier::Gpu,
+                cached_token_count: d.end(),
+                cached_bytes: p.bytes,
+                source_continuation_id: Some(p.continuation_id.clone()),
+                ..base.clone()
+            });
+        }
+    }
+    let mut load_ms = 0.0;
+    let mut bytes = 0u64;
+    let mut slowest = Tier::Ram;
+    for (d, entry) in run {
+        let Some((tier, ms)) = fastest_source(obs, catalog, &request.model, entry) else {
+            break;
+        };
+        load_ms += ms;
+        bytes += entry.bytes;
+        if tier.lower_rank() > slowest.lower_rank() {
+            slowest = tier;
+        }
+        out.push(Candidate {
+            tier: slowest,
+            cached_token_count: d.end(),
+            cached_bytes: bytes,
+            prefix_load_ms: load_ms,
+            gpu_restore_ms: bytes as f64 / obs.gpu_restore_bytes_per_ms,
+            ..base.clone()
+        });
+    }
+    out
+}
+
+fn base_candidate(request: &GenerationRequest, obs: &Observation) -> Candidate {
+    Candidate {
+        worker_id: obs.worker_id.clone(),
+        worker_epoch: obs.epoch,
+        tier: Tier::None,
+        cached_token_count: 0,
+        cached_bytes: 0,
+        queue_ms: obs.queue_ms,
+        prefix_load_ms: 0.0,
+        gpu_restore_ms: 0.0,
+        prefill_ms_per_token: obs.prefill_ms_per_token,
+        first_token_ms: obs.first_token_ms,
+        page_size: obs.page_size,
+        free_pages: obs.free_pages,
+        evictable_pages: obs.evictable_pages,
+        max_context: obs.max_context,
+        // A draining worker takes no new offers: it is offline for routing purposes.
+        online: obs.online && !obs.draining,
+        model_loaded: obs.models.contains(&request.model),
+        exact: true,
+        source_continuation_id: None,
+        transfer: obs.transfer,
+    }
+}
+
+/// The fastest usable source of one chunk for this worker: a ready RAM/SSD replica on
+/// its node, or the object store if the worker has one and the chunk is there. A tier
+/// without a throughput figure is unusable; ties prefer ram < ssd < object.
+fn fastest_source(
+    obs: &Observation,
+    catalog: &ChunkCatalog,
+    model: &ModelFingerprint,
+    entry: &ChunkEntry,
+) -> Option<(Tier, f64)> {
+    let mut sources: Vec<Tier> = catalog
+        .local_tiers(&obs.node, model, entry.hash)
+        .map(|t| {
+            t.iter()
+                .copied()
+                .filter(|t| matches!(t, Tier::Ram | Tier::Ssd))
+                .collect()
+        })
+        .unwrap_or_default();
+    if obs.object_store && entry.object {
+        sources.push(Tier::Object);
+    }
+    sources
+        .into_iter()
+        .filter_map(|tier| {
+            let throughput = *obs.tier_throughput_bytes_per_ms.get(&tier)?;
+            let fixed = obs.tier_fixed_ms.get(&tier).copied().unwrap_or(0.0);
+            Some((tier, fixed + entry.bytes as f64 / throughput))
+        })
+        .min_by(|a, b| {
+            a.1.total_cmp(&b.1)
+                .then_with(|| a.0.lower_rank().cmp(&b.0.lower_rank()))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::candidate::{Infeasible, rank};
+    use crate::chunk::PrefixHash;
+    use crate::observation::GpuPrefix;
+
+    const MODEL: &str = "gemma/test";
+
+    /// The candidates-test fixture of spec §7.3: tokens [1..7] ⇒ P 6, chunk 2 ⇒ 3 chunks
+    /// of 200 bytes; page 2, prefill 10, first 1, GPU 1000 B/ms, ssd 1000 B/ms, object 1 B/ms.
+    fn fixture() -> (GenerationRequest, Observation, ChunkCatalog) {
+        let request = GenerationRequest::new("r", MODEL, (1..=7).collect(), 1).unwrap();
+        let mut obs = Observation::new("w", "node-w");
+        obs.models.insert(MODEL.into());
+        obs.page_size = 2;
+        obs.free_pages = 100;
+        obs.prefill_ms_per_token = 10.0;
+        obs.first_token_ms = 1.0;
+        obs.gpu_restore_bytes_per_ms = 1000.0;
+        obs.tier_throughput_bytes_per_ms.insert(Tier::Ssd, 1000.0);
+        obs.tier_throughput_bytes_per_ms.insert(Tier::Object, 1.0);
+        let mut catalog = ChunkCatalog::default();
+        for d in plan_chunks(request.processed_tokens(), 2) {
+            catalog.publish(ChunkEntry {
+                model: MODEL.into(),
+                hash: d.hash,
+                parent: d.parent,
+                start: d.start,
+                token_count: d.token_count,
+                bytes: 200,
+                object: true,
+            });
+        }
+        (request, obs, catalog)
+    }
+
+    fn ssd_replicas(catalog: &mut ChunkCatalog, request: &GenerationRequest, chunks: usize) {
+        for d in plan_chunks(request.processed_tokens(), 2)
+            .into_iter()
+            .take(chunks)
+        {
+            catalog.add_replica("node-w".into(), MODEL.into(), d.hash, Tier::Ssd);
+        }
+    }
+
+    fn best(
+        request: &GenerationRequest,
+        obs: &Observation,
+        catalog: &ChunkCatalog,
+    ) -> (Tier, u32, u64, f64) {
+        let r = rank(request, candidates_for(request, 2, [obs], catalog));
+        let b = &r.feasible[0];
+        (
+            b.candidate.tier,
+            b.candidate.cached_token_count,
+            b.candidate.cached_bytes,
+            b.estimate.ttft_ms,
+        )
+    }
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() < 1e-9
+    }
+
+    #[test]
+    fn p_1_ssd_replicas_give_the_best_candidate() {
+        let (request, obs, mut catalog) = fixture();
+        ssd_replicas(&mut catalog, &request, 2);
+        let (tier, cached, bytes, ttft) = best(&request, &obs, &catalog);
+        assert_eq!((tier, cached, bytes), (Tier::Ssd, 4, 400));
+        assert!(close(ttft, 21.8), "{ttft}");
+    }
+
+    #[test]
+    fn p_2_shorter_local_prefix_beats_longer_object_prefix() {
+        let (request, mut obs, mut catalog) = fixture();
+        obs.object_store = true;
+        ssd_replicas(&mut catalog, &request, 1);
+        let all = rank(&request, candidates_for(&request, 2, [&obs], &catalog));
+        let (tier, cached, _, ttft) = best(&request, &obs, &catalog);
+        assert_eq!((tier, cached), (Tier::Ssd, 2));
+        assert!(close(ttft, 41.4), "{ttft}");
+        let object4 = all
+            .feasible
+            .iter()
+            .find(|s| s.candidate.tier == Tier::Object && s.candidate.cached_token_count == 4)
+            .map(|s| s.estimate.ttft_ms);
+        assert!(object4.is_some_and(|t| close(t, 221.6)), "{object4:?}");
+    }
+
+    #[test]
+    fn withdrawn_object_copy_is_no_longer_a_source() {
+        let (request, mut obs, mut catalog) = fixture();
+        obs.object_store = true;
+        let plan = plan_chunks(request.processed_tokens(), 2);
+        let object = |c: &ChunkCatalog| {
+            candidates_for(&request, 2, [&obs], c)
+                .iter()
+                .filter(|c| c.tier == Tier::Object)
+                .count()
+        };
+        assert_eq!(object(&catalog), 3);
+        catalog.withdraw_object(&MODEL.into(), plan[1].hash);
+        // The run stops at the withdrawn chunk: only the first boundary is left.
+        assert_eq!(object(&catalog), 1);
+    }
+
+    #[test]
+    fn p_3_gpu_prefix_is_offered_with_its_source_route() {
+        let (request, mut obs, catalog) = fixture();
+        let plan = plan_chunks(request.processed_tokens(), 2);
+        obs.gpu_prefixes.push(GpuPrefix {
+            model: MODEL.into(),
+            prefix_hash: plan[1].hash,
+            continuation_id: "resident-prefix".into(),
+            token_count: 4,
+            bytes: 400,
+        });
+        let r = rank(&request, candidates_for(&request, 2, [&obs], &catalog));
+        let b = &r.feasible[0];
+        assert_eq!(
+            (b.candidate.tier, b.candidate.cached_token_count),
+            (Tier::Gpu, 4)
+        );
+        assert_eq!(
+            b.candidate.source_continuation_id,
+            Some("resident-prefix".into())
+        );
+        assert!(close(b.estimate.ttft_ms, 21.0));
+    }
+
+    #[test]
+    fn p_4_gpu_and_ssd_alternatives_per_boundary() {
+        let (request, mut obs, mut catalog) = fixture();
+        let plan = plan_chunks(request.processed_tokens(), 2);
+        obs.gpu_prefixes.push(GpuPrefix {
+            model: MODEL.into(),
+            prefix_hash: plan[1].hash,
+            continuation_id: "resident-prefix".into(),
+            token_count: 4,
+            bytes: 400,
+        });
+        ssd_replicas(&mut catalog, &request, 2);
+        let r = rank(&request, candidates_for(&request, 2, [&obs], &catalog));
+        let tiers: Vec<_> = r.feasible.iter().map(|s| s.candidate.tier).collect();
+        let counts: Vec<_> = r
+            .feasible
+            .iter()
+            .map(|s| s.candidate.cached_token_count)
+            .collect();
+        assert_eq!(tiers, [Tier::Gpu, Tier::Ssd, Tier::Ssd, Tier::None]);
+        assert_eq!(counts, [4, 4, 2, 0]);
+    }
+
+    #[test]
+    fn p_5_offline_worker_or_missing_model_yields_no_feasible_candidate() {
+        let (request, mut obs, mut catalog) = fixture();
+        ssd_replicas(&mut catalog, &request, 2);
+        obs.online = false;
+        let r = rank(&request, candidates_for(&request, 2, [&obs], &catalog));
+        assert!(r.feasible.is_empty());
+        assert_eq!(
+            r.infeasible[0].estimate.infeasible,
+            Some(Infeasible::WorkerOffline)
+        );
+        obs.online = true;
+        obs.models.clear();
+        let r = rank(&request, candidates_for(&request, 2, [&obs], &catalog));
+        assert!(r.feasible.is_empty());
+        assert_eq!(
+            r.infeasible[0].estimate.infeasible,
+            Some(Infeasible::ModelNotLoaded)
+        );
+        obs.models.insert(MODEL.into());
+        obs.draining = true;
+        assert!(
+            rank(&request, candidates_for(&request, 2, [&obs], &catalog))
+                .feasible
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn a_corrupt_middle_entry_stops_the_run() {
+        let (request, mut obs, mut catalog) = fixture();
+        obs.object_store = true;
+        let plan = plan_chunks(request.processed_tokens(), 2);
+        // Re-publish chunk 2 under a wrong parent: chunk 3 must not become loadable.
+        let mut bad = ChunkCatalog::default();
+        for (i, d) in plan.iter().enumerate() {
+            let parent = if i == 1 { PrefixHash::ROOT } else { d.parent };
+            bad.publish(ChunkEntry {
+                model: MODEL.into(),
+                hash: d.hash,
+                parent,
+                start: d.start,
+                token_count: d.token_count,
+                bytes: 200,
+                object: true,
+            });
+        }
+        assert_eq!(bad.matched_run(&MODEL.into(), &plan).len(), 1);
+        assert_eq!(catalog.matched_run(&MODEL.into(), &plan).len(), 3);
+        catalog.remove_node(&"node-w".into());
+        let max_cached = candidates_for(&request, 2, [&obs], &bad)
+            .iter()
+            .map(|c| c.cached_token_count)
+            .max();
+        assert_eq!(max_cached, Some(2));
+    }
+
+    #[test]
+    fn sim_7_database_derived_candidates_rank_as_the_spec_derives() {
+        // 4 catalogued 64-token chunks of 1 MiB; warm-ssd has SSD replicas of the first 3;
+        // busy-gpu advertises the full 256-token prefix, queue 45.
+        let mib = 1024 * 1024;
+        let request = GenerationRequest::new("request-1", MODEL, (0..=256).collect(), 8).unwrap();
+        let plan = plan_chunks(request.processed_tokens(), 64);
+        let mut catalog = ChunkCatalog::default();
+        for d in &plan {
+            catalog.publish(ChunkEntry {
+                model: MODEL.into(),
+                hash: d.hash,
+                parent: d.parent,
+                start: d.start,
+                token_count: d.token_count,
+                bytes: mib,
+                object: false,
+            });
+        }
+        let mk = |id: &str| {
+            let mut o = Observation::new(id, id);
+            o.models.insert(MODEL.into());
+            o.page_size = 16;
+            o.free_pages = 64;
+            o.max_context = 1024;
+            o.prefill_ms_per_token = 0.2;
+            o.first_token_ms = 2.0;
+            o.gpu_restore_bytes_per_ms = mib as f64;
+            o.tier_throughput_bytes_per_ms.insert(Tier::Ssd, mib as f64);
+            o.tier_fixed_ms.insert(Tier::Ssd, 0.0);
+            o
+        };
+        let mut warm = mk("warm-ssd");
+        warm.queue_ms = 0.0;
+        for d in plan.iter().take(3) {
+            catalog.add_replica("warm-ssd".into(), MODEL.into(), d.hash, Tier::Ssd);
+        }
+        let mut busy = mk("busy-gpu");
+        busy.queue_ms = 45.0;
+        busy.gpu_prefixes.push(GpuPrefix {
+            model: MODEL.into(),
+            prefix_hash: plan[3].hash,
+            continuation_id: "busy-route".into(),
+            token_count: 256,
+            bytes: 4 * mib,
+        });
+        let r = rank(
+            &request,
+            candidates_for(&request, 64, [&warm, &busy], &catalog),
+        );
+        let got: Vec<_> = r
+            .feasible
+            .iter()
+            .map(|s| {
+                (
+                    s.candidate.worker_id.as_str(),
+                    s.candidate.tier,
+                    s.candidate.cached_token_count,
+                    s.estimate.ttft_ms,
+                )
+            })
+            .collect();
+        let want = [
+            ("warm-ssd", Tier::Ssd, 192, 20.8),
+            ("warm-ssd", Tier::Ssd, 128, 31.6),
+            ("warm-ssd", Tier::Ssd, 64, 42.4),
+            ("busy-gpu", Tier::Gpu, 256, 47.0),
+            ("warm-ssd", Tier::None, 0, 53.2),
+            ("busy-gpu", Tier::None, 0, 98.2),
+        ];
+        assert_eq!(got.len(), want.len(), "{got:?}");
+        for (g, w) in got.iter().zip(want) {
+            assert_eq!((g.0, g.1, g.2), (w.0, w.1, w.2));
+            assert!(close(g.3, w.3), "{g:?} vs {w:?}");
+        }
+    }
+}
