@@ -78,7 +78,8 @@ fn assert_rel(got: f64, want: f64, what: &str) {
 }
 
 /// The models directory, or `None` (after printing "skipped: ...") when not configured.
-fn models_dir(test: &str) -> Option<PathBuf> {
+/// (Also used by `forward_real.rs`.)
+pub(crate) fn models_dir(test: &str) -> Option<PathBuf> {
     match std::env::var_os("DEN_TEST_MODELS") {
         Some(dir) if !dir.is_empty() => Some(PathBuf::from(dir)),
         _ if std::env::var("DEN_TEST_REQUIRE_ALL").as_deref() == Ok("1") => panic!(

@@ -5,9 +5,9 @@ use den_model::gguf::{Array, ErrorKind, Gguf, GgufFile, MAX_ARRAY_DEPTH, Value, 
 use den_model::quant::QuantError;
 use den_model::{GgmlType, weights_digest};
 
-// --- a GGUF writer for tests ------------------------------------------------------------
+// --- a GGUF writer for tests (also used by forward.rs) -----------------------------------
 
-fn gstr(s: &str) -> Vec<u8> {
+pub(crate) fn gstr(s: &str) -> Vec<u8> {
     let mut v = (s.len() as u64).to_le_bytes().to_vec();
     v.extend_from_slice(s.as_bytes());
     v
@@ -22,7 +22,7 @@ struct TensorSpec {
     offset: Option<u64>,
 }
 
-struct Writer {
+pub(crate) struct Writer {
     version: u32,
     alignment: u64,
     kv: Vec<u8>,
@@ -31,7 +31,7 @@ struct Writer {
 }
 
 impl Writer {
-    fn new() -> Writer {
+    pub(crate) fn new() -> Writer {
         Writer {
             version: 3,
             alignment: 32,
@@ -42,7 +42,7 @@ impl Writer {
     }
 
     /// A raw entry: key, value type id, encoded value.
-    fn kv(mut self, key: &str, type_id: u32, value: &[u8]) -> Writer {
+    pub(crate) fn kv(mut self, key: &str, type_id: u32, value: &[u8]) -> Writer {
         self.kv.extend(gstr(key));
         self.kv.extend(type_id.to_le_bytes());
         self.kv.extend_from_slice(value);
@@ -55,7 +55,13 @@ impl Writer {
         self.kv("general.alignment", 4, &a.to_le_bytes())
     }
 
-    fn tensor(mut self, name: &str, dims: &[u64], ty: GgmlType, data: Vec<u8>) -> Writer {
+    pub(crate) fn tensor(
+        mut self,
+        name: &str,
+        dims: &[u64],
+        ty: GgmlType,
+        data: Vec<u8>,
+    ) -> Writer {
         self.tensors.push(TensorSpec {
             name: name.into(),
             dims: dims.into(),
@@ -73,7 +79,7 @@ impl Writer {
 
     /// The file: no padding after the last tensor's data, so every proper prefix of a file
     /// whose last tensor has data is truncated.
-    fn bytes(&self) -> Vec<u8> {
+    pub(crate) fn bytes(&self) -> Vec<u8> {
         let a = self.alignment.max(1);
         let mut offsets = Vec::new();
         let mut at = 0u64;
@@ -108,12 +114,12 @@ impl Writer {
     }
 }
 
-fn f32_bytes(v: &[f32]) -> Vec<u8> {
+pub(crate) fn f32_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
 /// An array value: element type, count, encoded elements.
-fn array(elem: u32, count: u64, elems: &[u8]) -> Vec<u8> {
+pub(crate) fn array(elem: u32, count: u64, elems: &[u8]) -> Vec<u8> {
     let mut v = elem.to_le_bytes().to_vec();
     v.extend(count.to_le_bytes());
     v.extend_from_slice(elems);

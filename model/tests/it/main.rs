@@ -6,4 +6,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod dequant;
+mod forward;
+mod forward_real;
 mod gguf_reader;
+mod sample;
+mod template;
+mod tiny;
+mod tokenizer;

