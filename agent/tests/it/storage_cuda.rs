@@ -16,7 +16,7 @@ fn geometry() -> ArenaGeometry {
 
 /// Opens GPU 0. These tests are ignored unless asked for (`--ignored`, as agent/gpu-check
 /// does), and then a missing driver or GPU is a failure, not a skip.
-fn open_or_skip(options: CudaOptions) -> Option<CudaMemory> {
+fn open_gpu(options: CudaOptions) -> CudaMemory {
     assert!(
         cuda::driver_present(),
         "no CUDA driver (libcuda) on this host"
@@ -26,7 +26,7 @@ fn open_or_skip(options: CudaOptions) -> Option<CudaMemory> {
         Ok(_) => {}
     }
     match CudaMemory::open_with(0, geometry(), options) {
-        Ok(m) => Some(m),
+        Ok(m) => m,
         Err(e) => panic!("a GPU is present but the cuda backend failed to open: {e}"),
     }
 }
@@ -58,9 +58,7 @@ fn cuda_open_without_driver_is_a_clear_error_not_a_panic() {
 #[test]
 #[ignore = "needs a CUDA GPU: agent/gpu-check runs it"]
 fn cuda_round_trip_across_non_contiguous_pages() {
-    let Some(mut m) = open_or_skip(CudaOptions::default()) else {
-        return;
-    };
+    let mut m = open_gpu(CudaOptions::default());
     println!("{}", m.describe());
     let g = m.geometry();
     let model = ModelFingerprint::from("gpu-check");
@@ -125,11 +123,9 @@ fn cuda_round_trip_across_non_contiguous_pages() {
 #[test]
 #[ignore = "needs a CUDA GPU: agent/gpu-check runs it"]
 fn cuda_small_staging_splits_batches_and_matches_host_backend() {
-    let Some(mut gpu) = open_or_skip(CudaOptions {
+    let mut gpu = open_gpu(CudaOptions {
         staging_bytes: 100_000,
-    }) else {
-        return;
-    };
+    });
     let mut host = HostMemory::open(geometry()).unwrap();
     let g = geometry();
     let kv = SyntheticKv::new(&ModelFingerprint::from("m"));
@@ -166,9 +162,7 @@ fn cuda_small_staging_splits_batches_and_matches_host_backend() {
 #[test]
 #[ignore = "needs a CUDA GPU: agent/gpu-check runs it"]
 fn cuda_rejects_bad_runs_like_the_host_backend() {
-    let Some(mut m) = open_or_skip(CudaOptions::default()) else {
-        return;
-    };
+    let mut m = open_gpu(CudaOptions::default());
     let bad = [RowRun {
         page: 256,
         offset: 0,

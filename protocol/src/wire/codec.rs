@@ -462,12 +462,10 @@ fn malformed(detail: &str) -> CodecError {
 /// Error details quote peer input: keep them to one short line.
 fn one_line(s: &str) -> String {
     const MAX: usize = 160;
-    let mut out: String = s
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .take(MAX)
-        .collect();
-    if s.chars().count() > MAX {
+    // Escape sequences go whole, not just their control characters (den_protocol::text).
+    let clean = crate::text::printable(s);
+    let mut out: String = clean.chars().take(MAX).collect();
+    if clean.chars().count() > MAX {
         out.push('…');
     }
     out

@@ -523,3 +523,16 @@ fn drain_reaches_only_the_addressed_worker() {
     ));
     assert!(at_router(&encode(&drain).unwrap()).is_err());
 }
+
+/// An error that quotes peer input (here an unknown frame type) quotes it without its
+/// escape sequences: the detail reaches logs and the worker's terminal.
+#[test]
+fn codec_errors_quote_peer_input_without_escape_sequences() {
+    let hostile = frame(json!({"type": "x\u{1b}]52;c;ZXZpbA==\u{7}y\u{1b}[2J"}));
+    let message = at_router(&hostile).unwrap_err().to_string();
+    assert!(message.contains("xy"), "{message}");
+    assert!(
+        !message.contains('\u{1b}') && !message.contains("52;c"),
+        "{message:?}"
+    );
+}
