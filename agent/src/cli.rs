@@ -107,6 +107,16 @@ pub struct RouterArgs {
     /// see agent/catalog/README.md [default: none, nothing can be placed].
     #[arg(long, env = "DEN_CATALOG", value_name = "DIR")]
     pub catalog: Option<PathBuf>,
+    /// A GGUF model the workers serve, as `[ID=]PATH` (the same file, the same `--model`
+    /// id): the router tokenizes prompts and renders chats for it; repeat for several
+    /// (env: comma-separated).
+    #[arg(
+        long = "model-file",
+        env = "DEN_MODEL_FILES",
+        value_name = "[ID=]PATH",
+        value_delimiter = ','
+    )]
+    pub model_files: Vec<String>,
 }
 
 /// Options of `den-agent worker`.
@@ -147,6 +157,10 @@ pub struct WorkerArgs {
         value_delimiter = ','
     )]
     pub models: Vec<String>,
+    /// Serve this GGUF model for real (CPU forward pass over the host page arena); `--model`
+    /// then names its public id [default: the file name without .gguf].
+    #[arg(long, env = "DEN_MODEL_FILE", value_name = "PATH")]
+    pub model_file: Option<PathBuf>,
     /// Declared cost of prefilling one uncached prompt token, really spent on the execution queue [default: 0.05].
     #[arg(long, env = "DEN_PREFILL_MS_PER_TOKEN", value_name = "MS")]
     pub prefill_ms_per_token: Option<f64>,
@@ -292,6 +306,8 @@ pub struct RouterFile {
     pub max_frame: Option<Size>,
     pub drain_timeout: Option<String>,
     pub catalog: Option<PathBuf>,
+    #[serde(default)]
+    pub model_files: Vec<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -308,6 +324,7 @@ pub struct WorkerFile {
     pub kv_bytes_per_token: Option<Size>,
     #[serde(default)]
     pub models: Vec<String>,
+    pub model_file: Option<PathBuf>,
     pub prefill_ms_per_token: Option<f64>,
     pub decode_ms_per_token: Option<f64>,
     pub first_token_ms: Option<f64>,
@@ -403,6 +420,14 @@ pub fn router_options(
             }
             None => d.catalog,
         },
+        text_models: {
+            let specs = if a.model_files.is_empty() {
+                &f.model_files
+            } else {
+                &a.model_files
+            };
+            std::sync::Arc::new(text_models(specs)?)
+        },
     };
     if opts.heartbeat_interval >= opts.heartbeat_timeout {
         return Err(format!(
@@ -411,6 +436,26 @@ pub fn router_options(
         ));
     }
     Ok((listen, opts))
+}
+
+/// Opens each `[ID=]PATH` for its tokenizer and template.
+fn text_models(specs: &[String]) -> Result<crate::ingress::TextModels, String> {
+    let mut out = crate::ingress::TextModels::new();
+    for spec in specs {
+        let spec = spec.trim();
+        if spec.is_empty() {
+            continue;
+        }
+        // `ID=PATH`, unless what precedes `=` looks like a path itself.
+        let (id, path) = match spec.split_once('=') {
+            Some((id, path)) if !id.contains('/') && !id.is_empty() => (Some(id), path),
+            _ => (None, spec),
+        };
+        let model = crate::model_file::ModelFile::open(std::path::Path::new(path), id)
+            .map_err(|e| format!("--model-file {spec}: {e}"))?;
+        out.add(&model);
+    }
+    Ok(out)
 }
 
 /// The worker's options from flags/env (`a`) over the file (`f`).
@@ -456,6 +501,7 @@ pub fn worker_options(a: &WorkerArgs, f: &WorkerFile) -> Result<WorkerOptions, S
             .map(|m| ModelFingerprint::new(m.trim()))
             .collect()
     };
+    o.model_file = a.model_file.clone().or(f.model_file.clone());
     let d = EngineCosts::default();
     o.costs = EngineCosts::new(
         a.prefill_ms_per_token

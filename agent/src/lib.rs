@@ -13,6 +13,7 @@ pub mod local_cluster;
 pub mod logging;
 pub mod memory;
 pub mod metrics;
+pub mod model_file;
 pub mod router;
 pub mod serving;
 pub mod tiers;

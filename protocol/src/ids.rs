@@ -71,6 +71,43 @@ string_id!(
     RouteId
 );
 
+/// Separates a real model's public id from its KV identity in a fingerprint.
+pub const WEIGHTS_SEPARATOR: char = '@';
+
+impl ModelFingerprint {
+    /// The fingerprint of a real model: `ID@KV`, its public id and the first 16 hex digits
+    /// of its KV fingerprint (the weights' digest with the KV dtype and row layout), so
+    /// two files served under one id never share a chunk. The synthetic engine's
+    /// fingerprints are plain ids, without `@`.
+    pub fn of_weights(id: &str, kv_fingerprint: &[u8; 32]) -> ModelFingerprint {
+        let mut s = String::with_capacity(id.len() + 17);
+        s.push_str(id);
+        s.push(WEIGHTS_SEPARATOR);
+        for b in &kv_fingerprint[..8] {
+            s.push_str(&format!("{b:02x}"));
+        }
+        ModelFingerprint(s)
+    }
+
+    /// The id clients name the model by: the part before `@` for a real model, the whole
+    /// fingerprint otherwise.
+    pub fn public_id(&self) -> &str {
+        self.weights_split().map_or(&self.0, |(id, _)| id)
+    }
+
+    /// Whether this names real weights (`ID@KV`), whose prompts need the model's own
+    /// tokenizer.
+    pub fn is_weights_bound(&self) -> bool {
+        self.weights_split().is_some()
+    }
+
+    fn weights_split(&self) -> Option<(&str, &str)> {
+        let (id, kv) = self.0.rsplit_once(WEIGHTS_SEPARATOR)?;
+        (!id.is_empty() && kv.len() == 16 && kv.bytes().all(|b| b.is_ascii_hexdigit()))
+            .then_some((id, kv))
+    }
+}
+
 impl From<&RequestId> for RouteId {
     fn from(r: &RequestId) -> Self {
         RouteId(r.0.clone())
@@ -150,6 +187,27 @@ impl fmt::Display for HeartbeatVersion {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn weights_bound_fingerprints_carry_their_public_id() {
+        let kv = [0xabu8; 32];
+        let f = ModelFingerprint::of_weights("smollm2", &kv);
+        assert_eq!(f.as_str(), "smollm2@abababababababab");
+        assert!(f.is_weights_bound());
+        assert_eq!(f.public_id(), "smollm2");
+        let other = ModelFingerprint::of_weights("smollm2", &[0xcd; 32]);
+        assert_ne!(f, other);
+        for plain in [
+            "den-synthetic",
+            "a@b",
+            "@abababababababab",
+            "x@ababababababab",
+        ] {
+            let p = ModelFingerprint::from(plain);
+            assert!(!p.is_weights_bound(), "{plain}");
+            assert_eq!(p.public_id(), plain);
+        }
+    }
 
     #[test]
     fn heartbeat_versions_order_by_epoch_then_sequence() {

@@ -11,16 +11,29 @@ use crate::ids::{ModelFingerprint, RequestId, RouteId};
 /// A token id.
 pub type Token = u32;
 
-/// Sampling parameters. They are carried end to end but not applied: decoding is greedy
-/// (the synthetic engine and the reference both document this).
+/// Sampling parameters, applied by a worker running a real model (den-model's sampler:
+/// temperature, then top-k and top-p, then a draw seeded by `seed`, or by the request id
+/// when none is given, so a replayed request samples the same tokens). The synthetic
+/// engine ignores them: its output is a fixed function of the prompt.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct Sampling {
+    /// `0` is greedy; absent is OpenAI's default, 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub temperature: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top_p: Option<f64>,
+    /// Keep the `top_k` most likely tokens; absent or 0 keeps all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_k: Option<u32>,
+    /// Texts that end the output (not included in it).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stop: Vec<String>,
+    /// Token ids that end the output, besides the model's end-of-sequence tokens.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stop_token_ids: Vec<Token>,
+    /// Keep generating past end-of-sequence tokens (`stop_token_ids` still stop).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ignore_eos: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seed: Option<u64>,
 }

@@ -24,3 +24,27 @@ pub fn missing(what: &str) {
     }
     println!("skipped: {what}");
 }
+
+/// The model files' directory (`DEN_TEST_MODELS`, filled by `tests/fetch-models`) when it
+/// holds `file`; otherwise [`missing`] and `None`.
+pub fn model_file(file: &str) -> Option<std::path::PathBuf> {
+    match std::env::var_os("DEN_TEST_MODELS") {
+        Some(dir) if !dir.is_empty() => {
+            let path = std::path::PathBuf::from(dir).join(file);
+            if path.is_file() {
+                return Some(path);
+            }
+            missing(&format!(
+                "{} is missing (run tests/fetch-models)",
+                path.display()
+            ));
+            None
+        }
+        _ => {
+            missing(
+                "DEN_TEST_MODELS is not set (run tests/fetch-models and export what it prints)",
+            );
+            None
+        }
+    }
+}

@@ -36,8 +36,7 @@ use den_protocol::wire::WorkerResult;
 
 use super::error::ApiError;
 use super::respond::{DONE, Shape, Usage, error_frame, finish_reason};
-use super::text::TextStream;
-use crate::engine;
+use super::text_model::OutputText;
 use crate::metrics::{LATENCY_MS_BUCKETS, Metrics};
 use crate::serving::{DeliveryStream, SharedSubmitter};
 
@@ -46,6 +45,8 @@ const COALESCE_BYTES: usize = 64 << 10;
 
 /// What the exchange needs besides the request itself.
 pub struct Exchange {
+    /// The output's text, built from the tokens as they arrive.
+    pub output: OutputText,
     pub metrics: Arc<Metrics>,
     pub shape: Shape,
     /// `max_new_tokens` as submitted (for the finish reason).
@@ -157,7 +158,7 @@ impl Exchange {
                     return match self.check(&result) {
                         Ok(()) => {
                             tracker.finish("completed");
-                            let text = engine::detokenize(&result.tokens);
+                            let text = self.output.all(&result.tokens);
                             let usage = Usage::from_result(self.prompt_tokens, &result);
                             let finish = finish_reason(&result, self.limit);
                             let served_by = tracker.submitter.served_by(&tracker.id);
@@ -211,11 +212,16 @@ impl Exchange {
             Some(d) => d,
         };
         let (tx, frames) = mpsc::channel(self.stream_queue.max(1));
+        let mut exchange = self;
+        let text = std::mem::replace(
+            &mut exchange.output,
+            OutputText::Synthetic(super::text::TextStream::new()),
+        );
         let pump = Pump {
-            exchange: self,
+            exchange,
             tracker,
             out: tx,
-            text: TextStream::new(),
+            text,
             emitted: 0,
         };
         tokio::spawn(pump.run(rx, first, timing));
@@ -258,7 +264,7 @@ struct Pump {
     exchange: Exchange,
     tracker: Arc<Tracker>,
     out: mpsc::Sender<Bytes>,
-    text: TextStream,
+    text: OutputText,
     /// Output tokens turned into frames so far (the next expected delta index).
     emitted: u32,
 }

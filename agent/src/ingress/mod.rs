@@ -9,11 +9,13 @@
 //! Endpoints:
 //! - `GET /v1/models`, `GET /v1/models/{id}`: the models live workers advertise
 //!   ([`Submitter::models`](crate::serving::Submitter::models)), `owned_by: "den"`;
-//! - `POST /v1/chat/completions`: messages rendered with a ChatML-like template
-//!   ([`template`]) and tokenized by the synthetic engine's deterministic word/byte
-//!   tokenizer ([`crate::engine::tokenize`]; no real model's tokenizer);
+//! - `POST /v1/chat/completions`: messages rendered with the model's chat template and
+//!   tokenized by its tokenizer ([`text_model`]: a real model's from its GGUF file, the
+//!   synthetic engine's ChatML-like template and word/byte tokenizer otherwise);
 //! - `POST /v1/completions`: a prompt string or token ids; one prompt per request
 //!   (an array of several prompts is refused with a clear error, not silently cut);
+//! - `POST /tokenize`, `POST /detokenize`: vLLM's shapes, with the model's own tokenizer
+//!   and chat template ([`tokenize`]);
 //! - any other `/v1/…` path: 404, and a wrong method: 405, both in the error envelope.
 //!
 //! Both generation endpoints answer streamed (`text/event-stream`: chunks, an optional
@@ -22,8 +24,9 @@
 //! prefix from the terminal result, not an estimate.
 //!
 //! Decisions where the spec is silent:
-//! - `max_completion_tokens` wins over `max_tokens`; without either the default (256)
-//!   is lowered to what still fits the model's context. A given limit that does not fit
+//! - `max_completion_tokens` wins over `max_tokens`; without either, a real model may
+//!   generate to the end of its context (it stops on its own), and the synthetic engine
+//!   gets the default (256) lowered to what still fits. A given limit that does not fit
 //!   (`prompt + max_tokens > max_context`) is 400 `context_length_exceeded`. A model
 //!   advertising `max_context == 0` is treated as unbounded.
 //! - Errors before the first token of a streamed request are answered with an HTTP error
@@ -32,7 +35,9 @@
 //! - A request the router cancels on its own (shutdown, operator) answers 500
 //!   `request_cancelled` (spec §9: cancelled → 500); a client that disconnected gets no
 //!   answer, and its request is cancelled once.
-//! - Sampling fields are validated and carried but not applied (greedy decoding).
+//! - Sampling fields (`temperature`, `top_p`, vLLM's `top_k`, `stop_token_ids`,
+//!   `ignore_eos`, `seed`, `stop`) are applied by real models; without `seed`, the seed
+//!   comes from the request id. The synthetic engine ignores them.
 //! - A non-streamed answer for a model placed through den's management API names the
 //!   instance that served it (`served_by`); `?den_instance=ID` pins a request to that
 //!   instance (the placement probe uses it), and no other worker may serve it.
@@ -90,9 +95,12 @@ pub mod parse;
 pub mod respond;
 pub mod template;
 pub mod text;
+pub mod text_model;
+pub mod tokenize;
 
 pub use error::ApiError;
 pub use respond::Endpoint;
+pub use text_model::{OutputText, TextModel, TextModels};
 
 /// Ingress settings.
 #[derive(Debug, Clone)]
@@ -110,6 +118,8 @@ pub struct IngressConfig {
     /// How long a streamed request's queue may stay full before the client counts as
     /// too slow: the request is then cancelled and the response aborted.
     pub slow_client_timeout: Duration,
+    /// Tokenizers and templates of the real models this router serves.
+    pub text_models: Arc<TextModels>,
 }
 
 impl Default for IngressConfig {
@@ -121,6 +131,7 @@ impl Default for IngressConfig {
             default_max_tokens: 256,
             stream_queue: DELIVERY_QUEUE,
             slow_client_timeout: Duration::from_secs(2),
+            text_models: Arc::new(TextModels::new()),
         }
     }
 }
@@ -142,13 +153,36 @@ pub fn routes(submitter: SharedSubmitter, config: IngressConfig) -> Router {
             "/v1/completions",
             post(completions).fallback(method_not_allowed),
         )
+        .route(
+            "/tokenize",
+            post(tokenize::tokenize).fallback(method_not_allowed),
+        )
+        .route(
+            "/detokenize",
+            post(tokenize::detokenize).fallback(method_not_allowed),
+        )
         .route("/v1/{*rest}", any(not_found))
         .with_state(state)
 }
 
-struct Ingress {
+pub(crate) struct Ingress {
     submitter: SharedSubmitter,
     config: IngressConfig,
+}
+
+/// A request parsed, before its prompt is tokenized (which needs the model).
+enum Parsed {
+    Chat(parse::ChatRequest),
+    Completion(parse::CompletionRequest),
+}
+
+impl Parsed {
+    fn common(&self) -> &parse::Common {
+        match self {
+            Parsed::Chat(r) => &r.common,
+            Parsed::Completion(r) => &r.common,
+        }
+    }
 }
 
 /// A request ready to submit.
@@ -250,9 +284,9 @@ impl Ingress {
             exchange::count_request(metrics, label, "unauthorized");
             return e.into_response();
         }
-        let prepared = match body::read_json(&parts.headers, body, self.config.max_body_bytes)
+        let parsed = match body::read_json(&parts.headers, body, self.config.max_body_bytes)
             .await
-            .and_then(|v| prepare(endpoint, &v))
+            .and_then(|v| parse_request(endpoint, &v))
         {
             Ok(p) => p,
             Err(e) => {
@@ -261,12 +295,26 @@ impl Ingress {
             }
         };
         let models = self.submitter.models();
-        let Some(model) = models.iter().find(|m| m.id == prepared.common.model) else {
+        let Some(model) = models.iter().find(|m| m.id == parsed.common().model) else {
             exchange::count_request(metrics, label, "model_not_found");
-            return ApiError::model_not_found(&prepared.common.model, &model_ids(&models))
+            return ApiError::model_not_found(&parsed.common().model, &model_ids(&models))
                 .into_response();
         };
-        let limit = match self.max_new_tokens(endpoint, &prepared, model) {
+        let text = match self.config.text_models.get(&model.fingerprint) {
+            Ok(t) => t,
+            Err(e) => {
+                exchange::count_request(metrics, label, "refused");
+                return e.into_response();
+            }
+        };
+        let prepared = match tokenize(&text, parsed) {
+            Ok(p) => p,
+            Err(e) => {
+                exchange::count_request(metrics, label, "invalid_request");
+                return e.into_response();
+            }
+        };
+        let limit = match self.max_new_tokens(endpoint, &prepared, model, &text) {
             Ok(n) => n,
             Err(e) => {
                 exchange::count_request(metrics, label, "invalid_request");
@@ -285,7 +333,7 @@ impl Ingress {
             limit,
         ) {
             Ok(r) => GenerationRequest {
-                sampling: prepared.common.sampling,
+                sampling: prepared.common.sampling.clone(),
                 ..r
             },
             Err(e) => {
@@ -302,6 +350,7 @@ impl Ingress {
                 .find(|(k, v)| k == "den_instance" && !v.is_empty())
                 .map(|(_, v)| v)
         });
+        let request_sampling = request.sampling.clone();
         let rx = match self.submitter.submit_pinned(request, pin.as_deref()) {
             Ok(rx) => rx,
             Err(e) => {
@@ -318,7 +367,9 @@ impl Ingress {
         let created = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
+        let output = text.output(&request_sampling, &RequestId::new(id.clone()), limit);
         let exchange = exchange::Exchange {
+            output,
             metrics: metrics.clone(),
             shape: respond::Shape::new(
                 endpoint,
@@ -341,7 +392,7 @@ impl Ingress {
         }
     }
 
-    fn authorize(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+    pub(crate) fn authorize(&self, headers: &HeaderMap) -> Result<(), ApiError> {
         let header = headers
             .get(header::AUTHORIZATION)
             .map(|v| v.to_str().unwrap_or(""));
@@ -354,13 +405,15 @@ impl Ingress {
         })
     }
 
-    /// The generation limit: the client's (if it fits the context) or the default
-    /// (lowered to what fits).
+    /// The generation limit: the client's (if it fits the context); without one, what is
+    /// left of the context for a real model (which stops on its own), and the default
+    /// lowered to what fits for the synthetic engine (which never stops early).
     fn max_new_tokens(
         &self,
         endpoint: Endpoint,
         prepared: &Prepared,
         model: &ServedModel,
+        text: &TextModel,
     ) -> Result<u32, ApiError> {
         let prompt = u32::try_from(prepared.tokens.len()).unwrap_or(u32::MAX);
         let context = model.max_context;
@@ -394,27 +447,29 @@ impl Ingress {
                     Endpoint::Completions => "prompt",
                 },
             )),
+            None if matches!(text, TextModel::Real(_)) && room != u32::MAX => Ok(room),
             None => Ok(self.config.default_max_tokens.clamp(1, room)),
         }
     }
 }
 
-fn prepare(endpoint: Endpoint, body: &serde_json::Value) -> Result<Prepared, ApiError> {
+fn parse_request(endpoint: Endpoint, body: &serde_json::Value) -> Result<Parsed, ApiError> {
     match endpoint {
-        Endpoint::Chat => {
-            let r = parse::chat(body)?;
-            Ok(Prepared {
-                tokens: template::chat_tokens(&r.messages),
-                common: r.common,
-            })
-        }
-        Endpoint::Completions => {
-            let r = parse::completion(body)?;
-            Ok(Prepared {
-                tokens: template::prompt_tokens(&r.prompt),
-                common: r.common,
-            })
-        }
+        Endpoint::Chat => parse::chat(body).map(Parsed::Chat),
+        Endpoint::Completions => parse::completion(body).map(Parsed::Completion),
+    }
+}
+
+fn tokenize(text: &TextModel, parsed: Parsed) -> Result<Prepared, ApiError> {
+    match parsed {
+        Parsed::Chat(r) => Ok(Prepared {
+            tokens: text.chat_tokens(&r.messages)?,
+            common: r.common,
+        }),
+        Parsed::Completion(r) => Ok(Prepared {
+            tokens: text.prompt_tokens(&r.prompt)?,
+            common: r.common,
+        }),
     }
 }
 

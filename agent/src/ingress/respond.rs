@@ -73,6 +73,8 @@ pub fn finish_reason(result: &WorkerResult, limit: u32) -> &'static str {
     let at_limit = result.tokens.len() >= limit as usize;
     match result.stop {
         Some(StopReason::Length | StopReason::Capacity) => "length",
+        // The model stopped itself, even on its last allowed token.
+        Some(StopReason::Eos) => "stop",
         _ if at_limit => "length",
         _ => "stop",
     }
@@ -320,6 +322,12 @@ mod tests {
         assert_eq!(finish_reason(&r, 2), "length");
         r.stop = Some(StopReason::Eos);
         assert_eq!(finish_reason(&r, 5), "stop");
+        assert_eq!(
+            finish_reason(&r, 2),
+            "stop",
+            "a stop on the last allowed token"
+        );
+        r.stop = None;
         assert_eq!(finish_reason(&r, 2), "length");
         r.stop = Some(StopReason::Capacity);
         assert_eq!(finish_reason(&r, 5), "length");

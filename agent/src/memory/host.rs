@@ -142,6 +142,10 @@ impl PageMemory for HostMemory {
             g.arena_bytes() as f64 / (1024.0 * 1024.0)
         )
     }
+
+    fn host_rows(&mut self) -> Option<&mut [u8]> {
+        Some(&mut self.arena[..])
+    }
 }
 
 fn range_error(arena_offset: u64, len: usize, buffer: usize) -> MemoryError {

@@ -323,6 +323,13 @@ pub trait PageMemory: Send {
 
     /// One line for logs and `--help` output, e.g. `cuda:0 NVIDIA H200 (…)`.
     fn describe(&self) -> String;
+
+    /// The whole arena as host bytes (page-major, `page × page_size + slot` rows), where
+    /// it lives in host memory: the CPU forward pass reads and writes KV rows in place.
+    /// `None` for device memory.
+    fn host_rows(&mut self) -> Option<&mut [u8]> {
+        None
+    }
 }
 
 /// Why a memory operation failed. Every message says what was wrong and what to do.

@@ -5,9 +5,12 @@
 //! {"model": "den-synthetic", "prompt": "hello den", "max_new_tokens": 16}
 //! {"model": "den-synthetic", "tokens": [1, 2, 3], "max_new_tokens": 4, "id": "my-req-1"}
 //! ```
-//! `model` may be left out when the cluster serves exactly one model; `prompt` is
-//! tokenized with the synthetic engine's tokenizer; optional `id`, `deadline_ms`,
-//! `continuation_id`, and `stream` (default true).
+//! `model` (a public id or a fingerprint) may be left out when the cluster serves exactly
+//! one model; `prompt` is tokenized with the model's tokenizer (the synthetic engine's for
+//! a synthetic model); optional `id`, `deadline_ms`, `continuation_id`, `stream` (default
+//! true) and the sampling fields `temperature`, `top_p`, `top_k`, `seed`, `stop`,
+//! `stop_token_ids`, `ignore_eos` (applied by real models). Token ids work without a
+//! tokenizer; `text` fields are left out then.
 //!
 //! Response: `application/x-ndjson`, one JSON object per line —
 //! `{"type":"delta","index":0,"token":…,"text":…}` per token (unless `"stream": false`),
@@ -26,10 +29,11 @@ use serde_json::json;
 
 use den_protocol::decision::DecisionRecord;
 use den_protocol::ids::{ModelFingerprint, RequestId, RouteId};
-use den_protocol::request::GenerationRequest;
+use den_protocol::request::{GenerationRequest, Sampling};
 use den_protocol::router::{Delivery, DeliveryKind};
 
-use crate::engine::{detokenize, tokenize};
+use crate::ingress::parse::Prompt;
+use crate::ingress::{OutputText, TextModel};
 use crate::router::RouterHandle;
 use crate::router::http::error;
 use crate::serving::{DeliveryStream, SubmitError, Submitter};
@@ -52,6 +56,20 @@ struct GenerateBody {
     continuation_id: Option<String>,
     #[serde(default = "yes")]
     stream: bool,
+    #[serde(default)]
+    temperature: Option<f64>,
+    #[serde(default)]
+    top_p: Option<f64>,
+    #[serde(default)]
+    top_k: Option<u32>,
+    #[serde(default)]
+    seed: Option<u64>,
+    #[serde(default)]
+    stop: Vec<String>,
+    #[serde(default)]
+    stop_token_ids: Vec<u32>,
+    #[serde(default)]
+    ignore_eos: bool,
 }
 
 fn yes() -> bool {
@@ -79,35 +97,44 @@ pub async fn generate(
             );
         }
     };
+    let served = handle.models();
+    let model = match &body.model {
+        Some(m) => served
+            .iter()
+            .find(|s| s.fingerprint.as_str() == m || s.id == *m)
+            .map_or_else(
+                || ModelFingerprint::new(m.clone()),
+                |s| s.fingerprint.clone(),
+            ),
+        None => match served.as_slice() {
+            [one] => one.fingerprint.clone(),
+            [] => {
+                return error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "no worker serves any model yet: start a worker, or name the model",
+                );
+            }
+            _ => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "several models are served: name one with \"model\"",
+                );
+            }
+        },
+    };
+    let text = handle.shared.opts.text_models.get(&model);
     let tokens = match (body.tokens, body.prompt) {
         (Some(t), None) => t,
-        (None, Some(p)) => tokenize(&p),
+        (None, Some(p)) => match text.as_ref().map(|t| t.prompt_tokens(&Prompt::Text(p))) {
+            Ok(Ok(t)) => t,
+            Ok(Err(e)) => return error(e.status, &e.message),
+            Err(e) => return error(e.status, &e.message),
+        },
         _ => {
             return error(
                 StatusCode::BAD_REQUEST,
                 "give exactly one of \"prompt\" (text) and \"tokens\" (token ids)",
             );
-        }
-    };
-    let model = match body.model {
-        Some(m) => ModelFingerprint::new(m),
-        None => {
-            let models = handle.models();
-            match models.as_slice() {
-                [one] => one.fingerprint.clone(),
-                [] => {
-                    return error(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "no worker serves any model yet: start a worker, or name the model",
-                    );
-                }
-                _ => {
-                    return error(
-                        StatusCode::BAD_REQUEST,
-                        "several models are served: name one with \"model\"",
-                    );
-                }
-            }
         }
     };
     let id = body
@@ -122,6 +149,18 @@ pub async fn generate(
     if let Some(c) = body.continuation_id {
         request = request.with_continuation_id(RouteId::new(c));
     }
+    request.sampling = Sampling {
+        temperature: body.temperature,
+        top_p: body.top_p,
+        top_k: body.top_k,
+        stop: body.stop,
+        stop_token_ids: body.stop_token_ids,
+        ignore_eos: body.ignore_eos,
+        seed: body.seed,
+    };
+    let text = text.ok();
+    let output = |t: &TextModel| t.output(&request.sampling, &id, request.max_new_tokens);
+    let (streamed, whole) = (text.as_ref().map(output), text.as_ref().map(output));
     let deadline = body.deadline_ms.map(std::time::Duration::from_millis);
     let rx = match handle.submit_with_deadline(request, deadline) {
         Ok(rx) => rx,
@@ -137,6 +176,8 @@ pub async fn generate(
         },
         stream: body.stream,
         prompt_tokens,
+        streamed,
+        whole,
     };
     let lines = futures_util::stream::unfold(state, |mut s| async move {
         loop {
@@ -172,6 +213,10 @@ struct StreamState {
     guard: CancelGuard,
     stream: bool,
     prompt_tokens: usize,
+    /// The deltas' text (absent without a tokenizer).
+    streamed: Option<OutputText>,
+    /// The completed line's text.
+    whole: Option<OutputText>,
 }
 
 impl StreamState {
@@ -179,9 +224,11 @@ impl StreamState {
     async fn line(&mut self, d: Delivery) -> Option<serde_json::Value> {
         let id = &self.guard.id;
         match d.kind {
-            DeliveryKind::Delta { token, index } => self.stream.then(|| {
-                json!({"type": "delta", "index": index, "token": token, "text": detokenize(&[token])})
-            }),
+            DeliveryKind::Delta { token, index } => {
+                let text = self.streamed.as_mut().map(|o| o.push(token));
+                self.stream
+                    .then(|| json!({"type": "delta", "index": index, "token": token, "text": text}))
+            }
             DeliveryKind::Completed { result } => {
                 self.guard.done = true;
                 let record = self.guard.handle.record(id).await;
@@ -190,7 +237,7 @@ impl StreamState {
                     "type": "completed",
                     "id": id,
                     "tokens": result.tokens,
-                    "text": detokenize(&result.tokens),
+                    "text": self.whole.take().map(|o| o.all(&result.tokens)),
                     "prompt_tokens": self.prompt_tokens,
                     "cached_tokens": result.cached_token_count,
                     "stop": result.stop,

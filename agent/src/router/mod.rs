@@ -80,6 +80,8 @@ pub struct RouterOptions {
     pub drain_timeout: Duration,
     /// The model catalog of the management API (`--catalog DIR`; empty by default).
     pub catalog: Arc<manage::ModelCatalog>,
+    /// Tokenizers and chat templates of the real models served (`--model-file`).
+    pub text_models: Arc<crate::ingress::TextModels>,
 }
 
 impl Default for RouterOptions {
@@ -98,6 +100,7 @@ impl Default for RouterOptions {
             snapshot_interval: Duration::from_secs(5),
             drain_timeout: Duration::from_secs(30),
             catalog: Arc::new(manage::ModelCatalog::default()),
+            text_models: Arc::new(crate::ingress::TextModels::new()),
         }
     }
 }
@@ -380,6 +383,7 @@ impl RouterServer {
         let config = crate::ingress::IngressConfig {
             token: self.handle.shared.opts.token.clone(),
             metrics: Arc::clone(self.handle.metrics()),
+            text_models: Arc::clone(&self.handle.shared.opts.text_models),
             ..crate::ingress::IngressConfig::default()
         };
         let routes = crate::ingress::routes(Arc::new(self.handle.clone()), config);

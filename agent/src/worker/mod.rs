@@ -46,6 +46,7 @@ use crate::auth::Token;
 use crate::engine::EngineCosts;
 use crate::memory::{ArenaGeometry, CudaMemory, HostMemory, MemoryError, PageMemory};
 use crate::metrics::Metrics;
+use crate::model_file::ModelFile;
 use crate::tiers::{ObjectConfig, ObjectTier, RamTier, SsdTier, TierError};
 
 use self::actor::Actor;
@@ -83,8 +84,13 @@ pub struct WorkerOptions {
     pub page_size: u32,
     /// Bytes of one synthetic KV row (all layers' K and V of one token).
     pub kv_bytes_per_token: u64,
-    /// Model fingerprints the synthetic engine serves.
+    /// Model fingerprints the synthetic engine serves; with `model_file`, the public id of
+    /// that model (at most one).
     pub models: Vec<ModelFingerprint>,
+    /// A GGUF file to serve for real (CPU forward pass over the host page arena): its KV
+    /// row size replaces `kv_bytes_per_token`, its context caps `max_context`, and the
+    /// worker advertises its fingerprint `ID@KV` (see [`crate::model_file`]).
+    pub model_file: Option<PathBuf>,
     pub costs: EngineCosts,
     /// RAM tier capacity (0 disables the tier).
     pub ram_bytes: u64,
@@ -122,6 +128,7 @@ impl WorkerOptions {
             page_size: 16,
             kv_bytes_per_token: 4096,
             models: vec![ModelFingerprint::from(DEFAULT_MODEL)],
+            model_file: None,
             costs: EngineCosts::default(),
             ram_bytes: 1 << 30,
             ssd_bytes: 0,
@@ -209,10 +216,60 @@ pub async fn run(
     Ok(())
 }
 
+/// Opens the worker's model file (off the runtime: opening hashes every tensor) and makes
+/// the options describe it.
+async fn open_model(opts: &mut WorkerOptions, path: PathBuf) -> Result<ModelFile, WorkerError> {
+    if opts.backend != Backend::Host {
+        return Err(WorkerError::Config(format!(
+            "--model-file {}: real models run on the CPU over the host page arena for now; start the worker with --backend host",
+            path.display()
+        )));
+    }
+    if opts.models.len() > 1 {
+        return Err(WorkerError::Config(
+            "--model-file serves one model: give at most one --model (its public id)".into(),
+        ));
+    }
+    let id = opts
+        .models
+        .first()
+        .map(|m| m.as_str().to_owned())
+        .filter(|m| m != DEFAULT_MODEL);
+    let model = tokio::task::spawn_blocking(move || ModelFile::open(&path, id.as_deref()))
+        .await
+        .map_err(|e| WorkerError::Config(format!("opening the model file panicked: {e}")))?
+        .map_err(WorkerError::Config)?;
+    opts.kv_bytes_per_token = model.row_bytes();
+    opts.models = vec![model.fingerprint().clone()];
+    // The model's trained context, within what the pool holds (the default of a
+    // synthetic worker) and what the operator allows.
+    let pool = u64::from(opts.pages) * u64::from(opts.page_size);
+    let context = model
+        .text
+        .context_length
+        .min(u32::try_from(pool).unwrap_or(u32::MAX));
+    opts.max_context = Some(opts.max_context.map_or(context, |m| m.min(context)));
+    tracing::info!(
+        model = %model.fingerprint(),
+        file = %model.path.display(),
+        row_bytes = opts.kv_bytes_per_token,
+        context,
+        "model loaded"
+    );
+    Ok(model)
+}
+
 /// Start a worker: advance the epoch, open memory and tiers, bind the metrics (and
 /// fault) endpoints, start the device thread, the router link and the actor.
-pub async fn start(opts: WorkerOptions) -> Result<RunningWorker, WorkerError> {
+pub async fn start(mut opts: WorkerOptions) -> Result<RunningWorker, WorkerError> {
     let url = link::agents_url(&opts.router).map_err(WorkerError::Config)?;
+    let model_file = match opts.model_file.clone() {
+        Some(path) => {
+            let model = open_model(&mut opts, path).await?;
+            Some(model)
+        }
+        None => None,
+    };
     if opts.models.is_empty() {
         return Err(WorkerError::Config(
             "no model: name at least one with --model".into(),
@@ -302,8 +359,9 @@ pub async fn start(opts: WorkerOptions) -> Result<RunningWorker, WorkerError> {
             faults: Arc::clone(&faults),
             totals: Arc::clone(&totals),
         },
+        model_file,
     )
-    .map_err(WorkerError::Thread)?;
+    .map_err(WorkerError::Config)?;
     let (models_tx, models_rx) = mpsc::unbounded_channel();
     let models = models::Models::open(
         models::ModelsConfig {

@@ -195,6 +195,30 @@ impl Generation {
         })
     }
 
+    /// Ends a generation that stopped from outside (the caller's own token limit, an
+    /// aborted stream): returns the text still held back (an incomplete character, a
+    /// possible stop-string start), cut before a stop string it completes. Empty once
+    /// finished.
+    pub fn end(&mut self) -> &str {
+        self.out.clear();
+        if self.finished.is_some() {
+            return &self.out;
+        }
+        let tail = self.detok.finish();
+        self.held.push_str(tail);
+        let reason = match self.first_stop() {
+            Some(at) => {
+                self.held.truncate(at);
+                FinishReason::Stop
+            }
+            None => FinishReason::Length,
+        };
+        self.finished = Some(reason);
+        self.out.push_str(&self.held);
+        self.held.clear();
+        &self.out
+    }
+
     fn finish(&mut self, reason: FinishReason, id: u32) -> Step<'_> {
         self.finished = Some(reason);
         self.out.push_str(&self.held);

@@ -555,3 +555,26 @@ fn seeded_generation_repeats_and_steps_allocate_nothing() {
     }
     assert_eq!(allocations() - before, 0, "allocations in 200 steps");
 }
+
+#[test]
+fn ending_from_outside_releases_the_held_text_once() {
+    let t = tiny::byte_level();
+    let id = |s: &str| t.token_id(s).unwrap();
+    let cfg = GenerationConfig {
+        stop: vec!["lo!".into()],
+        ..greedy_config()
+    };
+    let mut g = Generation::new(&t, cfg, 10, 4096).unwrap();
+    assert_eq!(
+        own(g.accept(&t, id("hello")).unwrap()),
+        S::T(id("hello"), "hel".into())
+    );
+    // "lo" might begin "lo!": held back until the generation ends from outside.
+    assert_eq!(g.end(), "lo");
+    assert_eq!(g.finished(), Some(FinishReason::Length));
+    assert_eq!(g.end(), "", "nothing twice");
+    assert_eq!(
+        g.accept(&t, id("hello")),
+        Err(GenerationError::AlreadyFinished)
+    );
+}

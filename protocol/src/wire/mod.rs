@@ -364,7 +364,8 @@ pub enum ResultStatus {
 pub enum StopReason {
     /// `max_new_tokens` were generated.
     Length,
-    /// The model emitted an end-of-sequence token.
+    /// The model emitted an end-of-sequence token, or a stop token or stop string of the
+    /// request ended the output (OpenAI's `finish_reason: "stop"`).
     Eos,
     /// The route reached the decoder's maximum position.
     Capacity,

@@ -9,6 +9,7 @@ mod agents_cli;
 mod agents_faults;
 mod agents_openai_client;
 mod agents_protocol;
+mod agents_real_model;
 mod agents_reconnect;
 mod agents_s3;
 mod agents_serving;

@@ -176,9 +176,33 @@ fn common(obj: &Map<String, Value>) -> Result<Common, ApiError> {
         ));
     }
     let stop = stop(obj)?;
+    // vLLM's extensions: `top_k` (-1 or 0: all), `stop_token_ids`, `ignore_eos`.
+    let top_k = match get(obj, "top_k") {
+        None => None,
+        Some(Value::Number(n)) if n.as_i64() == Some(-1) => None,
+        Some(Value::Number(n)) if n.as_u64().is_some_and(|k| k <= u64::from(u32::MAX)) => {
+            n.as_u64().and_then(|k| u32::try_from(k).ok())
+        }
+        Some(v) => return Err(wrong_type("top_k", "-1 or a non-negative integer", v)),
+    };
+    let stop_token_ids = match get(obj, "stop_token_ids") {
+        None => Vec::new(),
+        Some(Value::Array(items)) => items
+            .iter()
+            .enumerate()
+            .map(
+                |(i, v)| match v.as_u64().and_then(|t| Token::try_from(t).ok()) {
+                    Some(t) => Ok(t),
+                    None => Err(wrong_type(&format!("stop_token_ids[{i}]"), "a token id", v)),
+                },
+            )
+            .collect::<Result<_, _>>()?,
+        Some(v) => return Err(wrong_type("stop_token_ids", "an array of token ids", v)),
+    };
+    let ignore_eos = optional_bool(obj, "ignore_eos")?.unwrap_or(false);
     let seed = match get(obj, "seed") {
         None => None,
-        // Seeds are carried, not applied; a negative seed keeps its bit pattern.
+        // A negative seed keeps its bit pattern.
         Some(Value::Number(n)) if n.is_i64() || n.is_u64() => {
             n.as_u64().or_else(|| n.as_i64().map(|i| i as u64))
         }
@@ -211,7 +235,10 @@ fn common(obj: &Map<String, Value>) -> Result<Common, ApiError> {
         sampling: Sampling {
             temperature,
             top_p,
+            top_k,
             stop,
+            stop_token_ids,
+            ignore_eos,
             seed,
         },
     })

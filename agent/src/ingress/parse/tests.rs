@@ -19,6 +19,7 @@ fn parses_a_full_chat_request() {
         ],
         "max_tokens": 7, "stream": true, "stream_options": {"include_usage": true},
         "temperature": 0.5, "top_p": 1, "stop": "x", "seed": -1, "n": 1, "user": "u",
+        "top_k": 40, "stop_token_ids": [2, 7], "ignore_eos": true,
         "frequency_penalty": 0, "unknown_field": {"ignored": true},
     }))
     .unwrap();
@@ -27,6 +28,9 @@ fn parses_a_full_chat_request() {
     assert!(r.common.stream && r.common.include_usage);
     assert_eq!(r.common.sampling.stop, vec!["x".to_owned()]);
     assert_eq!(r.common.sampling.seed, Some(u64::MAX));
+    assert_eq!(r.common.sampling.top_k, Some(40));
+    assert_eq!(r.common.sampling.stop_token_ids, vec![2, 7]);
+    assert!(r.common.sampling.ignore_eos);
     assert_eq!(r.messages.len(), 3);
     assert_eq!(r.messages[1].content, "hello den");
     assert_eq!(
@@ -140,6 +144,16 @@ fn every_refusal_names_its_field() {
             json!({"model": "m", "messages": user, "top_p": 0}),
             "top_p",
             "invalid_value",
+        ),
+        (
+            json!({"model": "m", "messages": user, "top_k": -2}),
+            "top_k",
+            "invalid_type",
+        ),
+        (
+            json!({"model": "m", "messages": user, "stop_token_ids": [-1]}),
+            "stop_token_ids[0]",
+            "invalid_type",
         ),
         (
             json!({"model": "m", "messages": user, "stop": [1]}),

@@ -116,7 +116,7 @@ impl RouterActor {
                 // than its runners' page pools hold.
                 let (id, limit) = match self.manager.served_model(m) {
                     Some((id, limit)) => (id.to_string(), limit),
-                    None => (m.to_string(), None),
+                    None => (m.public_id().to_owned(), None),
                 };
                 let context = match limit {
                     Some(l) => obs.max_context.min(u32::try_from(l).unwrap_or(u32::MAX)),

@@ -2,10 +2,11 @@
 //! restore, prefill, decode and checkpoint captures one at a time, in the order they
 //! were queued (spec §3.7, §3.10 single-lane runtime).
 //!
-//! The engine is the synthetic one (model-free, see `crate::engine`): prefill and decode
-//! really spend their declared costs on this thread, rows written into pages are the
-//! deterministic synthetic KV of (model, position, token), and output tokens are the
-//! engine's deterministic stream. Restores fetch the exact chunk chain tier by tier (ram,
+//! The engine is a real model when the worker was given one ([`model`]: den-model's
+//! forward pass over the route's pages, sampled), else the synthetic one (model-free, see
+//! `crate::engine`): prefill and decode really spend their declared costs on this thread,
+//! rows written into pages are the deterministic synthetic KV of (model, position,
+//! token), and output tokens are the engine's deterministic stream. Restores fetch the exact chunk chain tier by tier (ram,
 //! then ssd, then object), scatter each chunk into pages claimed from the assignment's
 //! reservation and, with `verify`, read the rows back and compare them byte-exact with
 //! recomputation. A missing, corrupt or mismatching chunk ends the restore there: the
@@ -34,14 +35,22 @@ use den_protocol::request::Token;
 use den_protocol::wire::StopReason;
 use den_protocol::worker::{Operation, OperationKind, OperationOutcome, Work};
 
+use den_model::{Model, Runner};
+use den_protocol::pool::AppendReservation;
+
 use crate::engine::{EngineCosts, SyntheticKv, context_hash, output_token};
 use crate::memory::{MemoryError, PageMemory, RowRun, TransferTotals};
 use crate::metrics::Metrics;
+use crate::model_file::{ModelFile, runner_options};
 use crate::tiers::{Chunk, ChunkKey, ChunkMeta};
 use crate::worker::faults::Faults;
 use crate::worker::meters::{Calibration, QueueMeter};
 use crate::worker::pool::SharedPool;
 use crate::worker::store::{BadReplica, Tiers};
+
+mod model;
+
+use model::ModelEngine;
 
 /// What the device thread does with the work it is given.
 #[derive(Debug, Clone, Copy)]
@@ -128,34 +137,73 @@ impl Drop for DeviceHandle {
     }
 }
 
-/// Start the device thread.
+/// Start the device thread; with `model`, load it there first (its forward pass runs on
+/// this thread and its own pool of helpers). Errors are one line.
 pub fn spawn(
     memory: Box<dyn PageMemory>,
     ctx: DeviceContext,
-) -> Result<DeviceHandle, std::io::Error> {
+    model: Option<ModelFile>,
+) -> Result<DeviceHandle, String> {
     let (tx, rx) = std_mpsc::channel();
+    let (ready_tx, ready_rx) = std_mpsc::channel::<Result<(), String>>();
     let thread = std::thread::Builder::new()
         .name("den-device".into())
         .spawn(move || {
+            let file = model.as_ref().map(|m| Arc::clone(&m.file));
+            let loaded = match &file {
+                Some(f) => match Model::load(f) {
+                    Ok(m) => Some(m),
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e.to_string()));
+                        return;
+                    }
+                },
+                None => None,
+            };
+            let engine = match (&loaded, &model) {
+                (Some(m), Some(mf)) => match Runner::new(m, runner_options()) {
+                    Ok(r) => Some(ModelEngine::new(r, Arc::clone(&mf.text))),
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e.to_string()));
+                        return;
+                    }
+                },
+                _ => None,
+            };
             let mut device = Device {
                 memory,
                 ctx,
                 kv: BTreeMap::new(),
+                model: engine,
             };
+            let _ = ready_tx.send(Ok(()));
             while let Ok(job) = rx.recv() {
                 device.run(job);
             }
-        })?;
-    Ok(DeviceHandle {
-        tx: Some(tx),
-        thread: Some(thread),
-    })
+        })
+        .map_err(|e| format!("cannot start the device thread: {e}"))?;
+    match ready_rx.recv() {
+        Ok(Ok(())) => Ok(DeviceHandle {
+            tx: Some(tx),
+            thread: Some(thread),
+        }),
+        Ok(Err(e)) => {
+            let _ = thread.join();
+            Err(e)
+        }
+        Err(_) => {
+            let _ = thread.join();
+            Err("the device thread stopped while starting".into())
+        }
+    }
 }
 
-struct Device {
+struct Device<'m, 'a> {
     memory: Box<dyn PageMemory>,
     ctx: DeviceContext,
     kv: BTreeMap<ModelFingerprint, SyntheticKv>,
+    /// The real model, when the worker serves one (then every operation runs it).
+    model: Option<ModelEngine<'m, 'a>>,
 }
 
 /// Why an operation stopped early.
@@ -179,7 +227,7 @@ impl From<MemoryError> for Stop {
 /// A restored chunk whose rows differ from recomputation.
 struct Mismatch(String);
 
-impl Device {
+impl Device<'_, '_> {
     fn run(&mut self, job: Job) {
         match job {
             Job::Op { job, op, cancel } => {
@@ -190,9 +238,15 @@ impl Device {
                 } else {
                     let result = match op.kind {
                         OperationKind::Restore => self.restore(&op.work, &cancel),
+                        OperationKind::Prefill if self.model.is_some() => self
+                            .fill_model(&op.work, &cancel)
+                            .map(|_| OperationOutcome::Prefilled),
                         OperationKind::Prefill => self
                             .fill(&op.work, &cancel)
                             .map(|_| OperationOutcome::Prefilled),
+                        OperationKind::Decode if self.model.is_some() => {
+                            self.decode_model(&op.work, &cancel)
+                        }
                         OperationKind::Decode => self.decode(&op.work, &cancel),
                     };
                     match result {
@@ -440,7 +494,9 @@ impl Device {
         tokens: &[Token],
         payload: &[u8],
     ) -> Result<Result<(), Mismatch>, Stop> {
-        let verify = self.ctx.config.verify_restores;
+        // Real KV is checked by the hash its tier stored (the fetch did): recomputation
+        // would not reproduce it bit for bit.
+        let verify = self.ctx.config.verify_restores && self.model.is_none();
         let kv = self.kv(model);
         let metrics = Arc::clone(&self.ctx.metrics);
         self.write_append(route, d.start, d.token_count, payload, |memory, runs| {
@@ -474,10 +530,8 @@ impl Device {
         })
     }
 
-    /// The two-phase append every write goes through: reserve `count` slots on `route`
-    /// (which must be exactly `start` long), copy a shared tail first, mark the pages
-    /// loading, write `rows`, run `check` on the written runs, then commit — or abort on
-    /// any failure, leaving the route as it was.
+    /// Writes `rows` as an append of `count` rows at `start` ([`append_with`]), running
+    /// `check` on the written runs before committing.
     fn write_append(
         &mut self,
         route: &RouteId,
@@ -486,66 +540,18 @@ impl Device {
         rows: &[u8],
         check: impl FnOnce(&mut dyn PageMemory, &[RowRun]) -> Result<(), Mismatch>,
     ) -> Result<Result<(), Mismatch>, Stop> {
-        let reservation = self.ctx.pool.lock().append_reserve(route, count)?;
-        let id = reservation.id;
-        if reservation.start != start {
-            let _ = self.ctx.pool.lock().abort_append(route, id);
-            return Err(Stop::Failed(format!(
-                "route {route} holds {} tokens, expected {start}",
-                reservation.start
-            )));
-        }
-        let runs = slot_runs(&reservation.slots);
-        let pages: BTreeSet<Page> = reservation.slots.iter().map(|s| s.page).collect();
-        let tickets: Result<Vec<TransferTicket>, PoolError> = {
-            let mut pool = self.ctx.pool.lock();
-            pages.iter().map(|p| pool.start_load(*p)).collect()
-        };
-        let tickets = match tickets {
-            Ok(t) => t,
-            Err(e) => {
-                self.abort(route, id, &[]);
-                return Err(e.into());
-            }
-        };
-        let written = (|| -> Result<Result<(), Mismatch>, Stop> {
-            if let Some(copy) = reservation.copy {
-                self.memory.copy_page(copy.src.0, copy.dst.0)?;
-            }
-            self.memory.write_runs(&runs, rows)?;
-            Ok(check(self.memory.as_mut(), &runs))
-        })();
-        match written {
-            Ok(Ok(())) => {
-                let mut pool = self.ctx.pool.lock();
-                for t in &tickets {
-                    pool.complete_load(*t)?;
-                }
-                pool.commit_append(route, id)?;
-                Ok(Ok(()))
-            }
-            Ok(Err(mismatch)) => {
-                self.abort(route, id, &tickets);
-                Ok(Err(mismatch))
-            }
-            Err(stop) => {
-                self.abort(route, id, &tickets);
-                Err(stop)
-            }
-        }
-    }
-
-    fn abort(
-        &mut self,
-        route: &RouteId,
-        id: den_protocol::pool::AppendId,
-        tickets: &[TransferTicket],
-    ) {
-        let mut pool = self.ctx.pool.lock();
-        for t in tickets {
-            let _ = pool.fail_load(*t);
-        }
-        let _ = pool.abort_append(route, id);
+        append_with(
+            &self.ctx.pool,
+            self.memory.as_mut(),
+            route,
+            start,
+            count,
+            |memory, reservation| {
+                let runs = slot_runs(&reservation.slots);
+                memory.write_runs(&runs, rows)?;
+                Ok(check(memory, &runs))
+            },
+        )
     }
 
     // ---------------------------------------------------------------------------------
@@ -630,6 +636,72 @@ impl Device {
     fn publish_totals(&self) {
         let totals = *self.memory.totals();
         *self.ctx.totals.lock().unwrap_or_else(|p| p.into_inner()) = totals;
+    }
+}
+
+/// The two-phase append every write goes through: reserve `count` slots on `route`
+/// (which must be exactly `start` long), copy a shared tail first, mark the pages loading,
+/// let `write` fill the reserved slots, then commit — or abort on any failure or
+/// mismatch, leaving the route as it was.
+fn append_with<T>(
+    pool: &SharedPool,
+    memory: &mut dyn PageMemory,
+    route: &RouteId,
+    start: u32,
+    count: u32,
+    write: impl FnOnce(&mut dyn PageMemory, &AppendReservation) -> Result<Result<T, Mismatch>, Stop>,
+) -> Result<Result<T, Mismatch>, Stop> {
+    let reservation = pool.lock().append_reserve(route, count)?;
+    let id = reservation.id;
+    if reservation.start != start {
+        let _ = pool.lock().abort_append(route, id);
+        return Err(Stop::Failed(format!(
+            "route {route} holds {} tokens, expected {start}",
+            reservation.start
+        )));
+    }
+    let pages: BTreeSet<Page> = reservation.slots.iter().map(|s| s.page).collect();
+    let tickets: Result<Vec<TransferTicket>, PoolError> = {
+        let mut pool = pool.lock();
+        pages.iter().map(|p| pool.start_load(*p)).collect()
+    };
+    let abort = |tickets: &[TransferTicket]| {
+        let mut pool = pool.lock();
+        for t in tickets {
+            let _ = pool.fail_load(*t);
+        }
+        let _ = pool.abort_append(route, id);
+    };
+    let tickets = match tickets {
+        Ok(t) => t,
+        Err(e) => {
+            abort(&[]);
+            return Err(e.into());
+        }
+    };
+    let written = (|| -> Result<Result<T, Mismatch>, Stop> {
+        if let Some(copy) = reservation.copy {
+            memory.copy_page(copy.src.0, copy.dst.0)?;
+        }
+        write(memory, &reservation)
+    })();
+    match written {
+        Ok(Ok(value)) => {
+            let mut pool = pool.lock();
+            for t in &tickets {
+                pool.complete_load(*t)?;
+            }
+            pool.commit_append(route, id)?;
+            Ok(Ok(value))
+        }
+        Ok(Err(mismatch)) => {
+            abort(&tickets);
+            Ok(Err(mismatch))
+        }
+        Err(stop) => {
+            abort(&tickets);
+            Err(stop)
+        }
     }
 }
 
