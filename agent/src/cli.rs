@@ -161,6 +161,9 @@ pub struct WorkerArgs {
     /// then names its public id [default: the file name without .gguf].
     #[arg(long, env = "DEN_MODEL_FILE", value_name = "PATH")]
     pub model_file: Option<PathBuf>,
+    /// Threads of the model's forward pass [default: every core].
+    #[arg(long, env = "DEN_MODEL_THREADS", value_name = "N")]
+    pub model_threads: Option<usize>,
     /// Declared cost of prefilling one uncached prompt token, really spent on the execution queue [default: 0.05].
     #[arg(long, env = "DEN_PREFILL_MS_PER_TOKEN", value_name = "MS")]
     pub prefill_ms_per_token: Option<f64>,
@@ -325,6 +328,7 @@ pub struct WorkerFile {
     #[serde(default)]
     pub models: Vec<String>,
     pub model_file: Option<PathBuf>,
+    pub model_threads: Option<usize>,
     pub prefill_ms_per_token: Option<f64>,
     pub decode_ms_per_token: Option<f64>,
     pub first_token_ms: Option<f64>,
@@ -502,6 +506,7 @@ pub fn worker_options(a: &WorkerArgs, f: &WorkerFile) -> Result<WorkerOptions, S
             .collect()
     };
     o.model_file = a.model_file.clone().or(f.model_file.clone());
+    o.model_threads = a.model_threads.or(f.model_threads);
     let d = EngineCosts::default();
     o.costs = EngineCosts::new(
         a.prefill_ms_per_token

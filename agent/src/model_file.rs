@@ -91,15 +91,11 @@ fn default_id(path: &Path) -> String {
         .unwrap_or_else(|| "model".to_owned())
 }
 
-/// The forward pass's threads: every core this process may use (a worker serves one
-/// model at a time on its device thread), capped by `DEN_MODEL_THREADS` when set.
-pub fn runner_options() -> RunnerOptions {
+/// The forward pass's threads: `threads`, or every core this process may use (a worker
+/// serves one model at a time on its device thread).
+pub fn runner_options(threads: Option<usize>) -> RunnerOptions {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let threads = std::env::var("DEN_MODEL_THREADS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .filter(|n| *n > 0)
-        .unwrap_or(cores);
+    let threads = threads.filter(|n| *n > 0).unwrap_or(cores);
     RunnerOptions {
         threads,
         ..RunnerOptions::default()

@@ -140,6 +140,13 @@ pub enum Sub {
         /// Number of workers (1 to 16).
         #[arg(long, default_value_t = 3, value_parser = parse_workers)]
         workers: usize,
+        /// Serve this GGUF model for real [default: $DEN_MODEL_FILE, else SmolLM2-135M
+        /// from tests/fetch-models' cache when it is there].
+        #[arg(long, value_name = "PATH", conflicts_with = "synthetic")]
+        model_file: Option<std::path::PathBuf>,
+        /// Run the model-free synthetic engine even when a real model is present.
+        #[arg(long)]
+        synthetic: bool,
     },
 }
 

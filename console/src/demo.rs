@@ -4,8 +4,12 @@
 //!
 //! The cluster runs on its own tokio runtime (its own threads) so a busy workload never
 //! delays the console's input handling. The agents are the real runtimes of den-agent
-//! (WebSockets, page pools, tiers, execution queues), only in-process; the engine is the
-//! model-free synthetic one (declared costs that really take that time).
+//! (WebSockets, page pools, tiers, execution queues), only in-process. The engine is a
+//! real model when one is present ([`default_model_file`]: `--model-file`,
+//! `$DEN_MODEL_FILE`, or SmolLM2-135M in `tests/fetch-models`' cache): the workers run its
+//! forward pass on the CPU over their page pools and the router tokenizes for it.
+//! Otherwise it is the model-free synthetic engine (declared costs that really take that
+//! time), and the demo says so in one line, with how to fetch the real model.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -18,6 +22,8 @@ use tokio::task::JoinHandle;
 
 use den_agent::auth::Token;
 use den_agent::engine::EngineCosts;
+use den_agent::ingress::TextModels;
+use den_agent::model_file::ModelFile;
 use den_agent::router::manage::ModelCatalog;
 use den_agent::router::{RouterOptions, RouterServer};
 use den_agent::worker::{self, RunningWorker, WorkerOptions};
@@ -39,6 +45,8 @@ pub struct DemoOptions {
     pub seed: u64,
     /// The cluster's shared token (`DEN_TOKEN`/`--token`); a fresh random one otherwise.
     pub token: Option<String>,
+    /// A GGUF model every worker serves (`None`: the synthetic engine).
+    pub model_file: Option<PathBuf>,
 }
 
 impl Default for DemoOptions {
@@ -50,6 +58,7 @@ impl Default for DemoOptions {
             concurrency: 4,
             seed: 1,
             token: None,
+            model_file: None,
         }
     }
 }
@@ -69,6 +78,8 @@ pub enum DemoError {
     NotReady { ready: usize, want: usize },
     #[error("demo: cannot write the demo model catalog: {0}")]
     Catalog(String),
+    #[error("demo: {0}")]
+    Model(String),
 }
 
 /// A running demo cluster. Dropping it stops everything (shutdown is best effort);
@@ -99,15 +110,38 @@ impl Demo {
             .tempdir()
             .map_err(DemoError::TempDir)?;
         let token = opts.token.clone().unwrap_or_else(demo_token);
-        let (router_url, router_stop, router_task, workers) =
-            runtime.block_on(start_cluster(opts, &token, data.path().to_path_buf()))?;
+        let model = match &opts.model_file {
+            Some(path) => Some(ModelFile::open(path, Some(REAL_MODEL)).map_err(DemoError::Model)?),
+            None => None,
+        };
+        let (router_url, router_stop, router_task, workers) = runtime.block_on(start_cluster(
+            opts,
+            &token,
+            data.path().to_path_buf(),
+            model.as_ref(),
+        ))?;
+        let base = match &model {
+            // A CPU forward pass: shorter prompts, one conversation per worker.
+            Some(_) => WorkloadSpec {
+                concurrency: opts.workers.max(1),
+                system_tokens: 128,
+                turn_tokens: 32,
+                ..WorkloadSpec::default()
+            },
+            None => WorkloadSpec {
+                concurrency: opts.concurrency.max(1),
+                ..WorkloadSpec::default()
+            },
+        };
         let spec = WorkloadSpec {
             duration: opts.duration.unwrap_or(Duration::from_secs(24 * 3600)),
-            concurrency: opts.concurrency.max(1),
             seed: opts.seed,
             // Name it: once `den/demo-chat` is placed, two models are served.
-            model: Some(den_agent::worker::DEFAULT_MODEL.to_owned()),
-            ..WorkloadSpec::default()
+            model: Some(match &model {
+                Some(_) => REAL_MODEL.to_owned(),
+                None => den_agent::worker::DEFAULT_MODEL.to_owned(),
+            }),
+            ..base
         };
         let url = router_url.clone();
         let tok = token.clone();
@@ -190,8 +224,13 @@ async fn start_cluster(
     opts: &DemoOptions,
     token: &str,
     data: PathBuf,
+    model: Option<&ModelFile>,
 ) -> Result<Started, DemoError> {
     let catalog = write_catalog(&data).map_err(DemoError::Catalog)?;
+    let mut text_models = TextModels::new();
+    if let Some(m) = model {
+        text_models.add(m);
+    }
     let router_opts = RouterOptions {
         name: "demo-router".into(),
         token: Token::new(token),
@@ -202,6 +241,7 @@ async fn start_cluster(
         // every retained record (≈ 27 KB with its candidates): at the demo's ~10 requests
         // a second the default 5 minutes grows the process by hundreds of MB.
         retention: Duration::from_secs(60),
+        text_models: Arc::new(text_models),
         ..RouterOptions::default()
     };
     let listener = RouterServer::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
@@ -229,6 +269,13 @@ async fn start_cluster(
         w.ssd_bytes = 128 << 20;
         // Slow enough that queues, cache hits and restores are visible to a human.
         w.costs = EngineCosts::new(0.4, 12.0, 4.0).unwrap_or_default();
+        if let Some(m) = model {
+            w.model_file = Some(m.path.clone());
+            w.models = vec![REAL_MODEL.into()];
+            // The workers share this machine's cores.
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            w.model_threads = Some((cores / opts.workers.max(1)).max(1));
+        }
         let running = worker::start(w).await.map_err(|e| DemoError::Worker {
             name: name.clone(),
             detail: e.to_string(),
@@ -248,6 +295,39 @@ async fn start_cluster(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     Ok((router_url, stop_tx, router_task, workers))
+}
+
+/// The public id of the real model the demo serves.
+pub const REAL_MODEL: &str = "smollm2";
+
+/// The default model file `tests/fetch-models` leaves in its cache.
+pub const DEFAULT_MODEL_FILE: &str = "smollm2-135m-instruct-q4_1.gguf";
+
+/// The real model to serve when none is named: `$DEN_MODEL_FILE`, else SmolLM2-135M in
+/// `${DEN_MODEL_CACHE:-~/.cache/den/models}` when it is there.
+pub fn default_model_file() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("DEN_MODEL_FILE").filter(|p| !p.is_empty()) {
+        return Some(PathBuf::from(p));
+    }
+    let cache = match std::env::var_os("DEN_MODEL_CACHE").filter(|p| !p.is_empty()) {
+        Some(c) => PathBuf::from(c),
+        None => dirs::home_dir()?.join(".cache/den/models"),
+    };
+    let path = cache.join(DEFAULT_MODEL_FILE);
+    path.is_file().then_some(path)
+}
+
+/// One line saying which engine the demo runs.
+pub fn banner(model_file: Option<&Path>) -> String {
+    match model_file {
+        Some(p) => format!(
+            "serving {} as `{REAL_MODEL}` (real model, CPU forward pass over den's pages)",
+            p.display()
+        ),
+        None => format!(
+            "SYNTHETIC ENGINE (model-free stand-in): for a real model run tests/fetch-models (it caches {DEFAULT_MODEL_FILE}) or pass --model-file PATH.gguf"
+        ),
+    }
 }
 
 /// A per-run token: the demo listens on loopback only, but a token keeps other local

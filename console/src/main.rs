@@ -98,7 +98,16 @@ fn main() -> ExitCode {
                 headless,
                 duration,
                 workers,
-            }) => demo(&settings, headless, duration, workers).await,
+                model_file,
+                synthetic,
+            }) => {
+                let model = if synthetic {
+                    None
+                } else {
+                    model_file.or_else(den_console::demo::default_model_file)
+                };
+                demo(&settings, headless, duration, workers, model).await
+            }
         }
     })
 }
@@ -186,16 +195,20 @@ async fn demo(
     headless: bool,
     duration: Option<Duration>,
     workers: usize,
+    model_file: Option<std::path::PathBuf>,
 ) -> ExitCode {
     let duration = if headless {
         Some(duration.unwrap_or(Duration::from_secs(10)))
     } else {
         duration
     };
+    let banner = den_console::demo::banner(model_file.as_deref());
+    eprintln!("den demo: {banner}");
     let opts = DemoOptions {
         workers,
         duration,
         token: settings.token.clone(),
+        model_file,
         ..DemoOptions::default()
     };
     // The cluster owns a runtime of its own; start and stop it off this runtime's threads.

@@ -91,6 +91,8 @@ pub struct WorkerOptions {
     /// row size replaces `kv_bytes_per_token`, its context caps `max_context`, and the
     /// worker advertises its fingerprint `ID@KV` (see [`crate::model_file`]).
     pub model_file: Option<PathBuf>,
+    /// Threads of the model's forward pass (default: every core).
+    pub model_threads: Option<usize>,
     pub costs: EngineCosts,
     /// RAM tier capacity (0 disables the tier).
     pub ram_bytes: u64,
@@ -129,6 +131,7 @@ impl WorkerOptions {
             kv_bytes_per_token: 4096,
             models: vec![ModelFingerprint::from(DEFAULT_MODEL)],
             model_file: None,
+            model_threads: None,
             costs: EngineCosts::default(),
             ram_bytes: 1 << 30,
             ssd_bytes: 0,
@@ -360,6 +363,7 @@ pub async fn start(mut opts: WorkerOptions) -> Result<RunningWorker, WorkerError
             totals: Arc::clone(&totals),
         },
         model_file,
+        opts.model_threads,
     )
     .map_err(WorkerError::Config)?;
     let (models_tx, models_rx) = mpsc::unbounded_channel();

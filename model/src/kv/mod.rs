@@ -334,9 +334,84 @@ impl KvPages for HostKvPages {
     }
 }
 
+/// KV pages over a borrowed page-major arena (den's worker arena: page `p`, slot `s` at row
+/// `p × page_size + s`). Here rather than in the worker so the row lookups attention makes
+/// for every position are compiled with the forward pass.
+#[derive(Debug)]
+pub struct ArenaRows<'a> {
+    rows: &'a mut [u8],
+    page_size: u32,
+    row_bytes: usize,
+}
+
+impl<'a> ArenaRows<'a> {
+    /// `rows` holds whole pages of `page_size` rows of `row_bytes` each.
+    pub fn new(rows: &'a mut [u8], page_size: u32, row_bytes: usize) -> Result<Self, KvError> {
+        let page = (page_size as usize).checked_mul(row_bytes).unwrap_or(0);
+        if page == 0 || !rows.len().is_multiple_of(page) {
+            return Err(KvError::Geometry(format!(
+                "an arena of {} bytes is not whole pages of {page_size} rows of {row_bytes} bytes",
+                rows.len()
+            )));
+        }
+        Ok(ArenaRows {
+            rows,
+            page_size,
+            row_bytes,
+        })
+    }
+
+    fn range(&self, page: u32, slot: u32) -> Option<std::ops::Range<usize>> {
+        if slot >= self.page_size {
+            return None;
+        }
+        let row = (page as usize)
+            .checked_mul(self.page_size as usize)?
+            .checked_add(slot as usize)?;
+        let start = row.checked_mul(self.row_bytes)?;
+        let end = start.checked_add(self.row_bytes)?;
+        (end <= self.rows.len()).then_some(start..end)
+    }
+}
+
+impl KvPages for ArenaRows<'_> {
+    fn page_size(&self) -> u32 {
+        self.page_size
+    }
+
+    fn row_bytes(&self) -> usize {
+        self.row_bytes
+    }
+
+    fn row(&self, page: u32, slot: u32) -> Option<&[u8]> {
+        let r = self.range(page, slot)?;
+        self.rows.get(r)
+    }
+
+    fn row_mut(&mut self, page: u32, slot: u32) -> Option<&mut [u8]> {
+        let r = self.range(page, slot)?;
+        self.rows.get_mut(r)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn arena_rows_are_page_major_and_bounded() {
+        let mut bytes = vec![0u8; 2 * 4 * 3];
+        let mut kv = ArenaRows::new(&mut bytes, 4, 3).unwrap();
+        kv.row_mut(1, 2).unwrap().copy_from_slice(&[7, 8, 9]);
+        assert_eq!(kv.row(1, 2), Some(&[7u8, 8, 9][..]));
+        assert!(kv.row(1, 4).is_none(), "slot past the page");
+        assert!(kv.row(2, 0).is_none(), "page past the arena");
+        assert!(kv.row(u32::MAX, 3).is_none());
+        assert_eq!(&bytes[(4 + 2) * 3..(4 + 3) * 3], &[7, 8, 9]);
+        let mut odd = vec![0u8; 10];
+        assert!(ArenaRows::new(&mut odd, 4, 3).is_err());
+        assert!(ArenaRows::new(&mut odd, 0, 3).is_err());
+    }
 
     const SMOL: KvLayout = KvLayout {
         layers: 30,

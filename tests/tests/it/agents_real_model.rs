@@ -446,3 +446,61 @@ async fn agents_real_model_bad_files_are_one_line_and_tokenizerless_routers_say_
     assert_eq!(done["type"], "completed", "{done}");
     assert!(done["text"].is_null(), "no tokenizer, no text: {done}");
 }
+
+/// `den demo` serves the real model when given one, and says in one line when it runs the
+/// synthetic engine instead, with how to fetch the model.
+#[test]
+fn den_demo_serves_the_real_model_or_says_it_is_synthetic() {
+    let Some(path) = model_file(SMOLLM2) else {
+        return;
+    };
+    let den = den_tests::process::binary("den").unwrap();
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(&den)
+            .args(args)
+            .env_remove("DEN_CONFIG")
+            .env_remove("DEN_TOKEN")
+            .env("DEN_MODEL_FILE", "")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let file = path.display().to_string();
+    let (out, err) = run(&[
+        "--no-record",
+        "demo",
+        "--headless",
+        "--duration",
+        "6s",
+        "--workers",
+        "1",
+        "--model-file",
+        file.as_str(),
+    ]);
+    assert!(
+        err.contains("real model") && err.contains(file.as_str()),
+        "{err}"
+    );
+    let completed: u64 = out
+        .split_whitespace()
+        .skip_while(|w| *w != "requests:")
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(completed >= 1, "the real model answered: {out}");
+    let (_, err) = run(&[
+        "--no-record",
+        "demo",
+        "--headless",
+        "--duration",
+        "1s",
+        "--synthetic",
+    ]);
+    let banner: Vec<&str> = err.lines().filter(|l| l.contains("SYNTHETIC")).collect();
+    assert_eq!(banner.len(), 1, "{err}");
+    assert!(banner[0].contains("tests/fetch-models"), "{err}");
+}

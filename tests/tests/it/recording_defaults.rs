@@ -17,6 +17,10 @@ fn den(dir: &Path, args: &[&str]) -> (Option<i32>, String, String) {
         .env_remove("DEN_ROUTER")
         .env_remove("DEN_SKULK")
         .env_remove("DEN_TOKEN")
+        // These tests are about recordings: the synthetic engine keeps their few seconds
+        // of demo busy whether or not a real model is cached.
+        .env("DEN_MODEL_FILE", "")
+        .env("DEN_MODEL_CACHE", dir.join("no-models"))
         .output()
         .expect("run den");
     (

@@ -143,6 +143,7 @@ pub fn spawn(
     memory: Box<dyn PageMemory>,
     ctx: DeviceContext,
     model: Option<ModelFile>,
+    threads: Option<usize>,
 ) -> Result<DeviceHandle, String> {
     let (tx, rx) = std_mpsc::channel();
     let (ready_tx, ready_rx) = std_mpsc::channel::<Result<(), String>>();
@@ -161,7 +162,7 @@ pub fn spawn(
                 None => None,
             };
             let engine = match (&loaded, &model) {
-                (Some(m), Some(mf)) => match Runner::new(m, runner_options()) {
+                (Some(m), Some(mf)) => match Runner::new(m, runner_options(threads)) {
                     Ok(r) => Some(ModelEngine::new(r, Arc::clone(&mf.text))),
                     Err(e) => {
                         let _ = ready_tx.send(Err(e.to_string()));

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use den_model::kv::{KvPages, Sequence};
+use den_model::kv::{ArenaRows, Sequence};
 use den_model::sample::{FinishReason, Generation, Step};
 use den_model::{ModelError, Runner};
 use den_protocol::pool::AppendReservation;
@@ -56,11 +56,8 @@ impl<'m, 'a> ModelEngine<'m, 'a> {
                 "a real model runs on the CPU and needs the host page arena: start the worker with --backend host".into(),
             )
         })?;
-        let mut kv = ArenaKv {
-            rows,
-            page_size: geometry.page_size,
-            row_bytes: geometry.row_bytes as usize,
-        };
+        let mut kv = ArenaRows::new(rows, geometry.page_size, geometry.row_bytes as usize)
+            .map_err(|e| Stop::Failed(format!("model: {e}")))?;
         let mut pages = std::mem::take(&mut self.pages);
         pages.clear();
         pages.extend(reservation.pages_after.iter().map(|p| p.0));
@@ -73,47 +70,6 @@ impl<'m, 'a> ModelEngine<'m, 'a> {
 
 fn model_stop(e: ModelError) -> Stop {
     Stop::Failed(format!("model: {e}"))
-}
-
-/// den's page arena as den-model's KV pages: page `p`, slot `s` is row `p × page_size + s`.
-struct ArenaKv<'b> {
-    rows: &'b mut [u8],
-    page_size: u32,
-    row_bytes: usize,
-}
-
-impl ArenaKv<'_> {
-    fn range(&self, page: u32, slot: u32) -> Option<std::ops::Range<usize>> {
-        if slot >= self.page_size {
-            return None;
-        }
-        let row = (page as usize)
-            .checked_mul(self.page_size as usize)?
-            .checked_add(slot as usize)?;
-        let start = row.checked_mul(self.row_bytes)?;
-        let end = start.checked_add(self.row_bytes)?;
-        (end <= self.rows.len()).then_some(start..end)
-    }
-}
-
-impl KvPages for ArenaKv<'_> {
-    fn page_size(&self) -> u32 {
-        self.page_size
-    }
-
-    fn row_bytes(&self) -> usize {
-        self.row_bytes
-    }
-
-    fn row(&self, page: u32, slot: u32) -> Option<&[u8]> {
-        let r = self.range(page, slot)?;
-        self.rows.get(r)
-    }
-
-    fn row_mut(&mut self, page: u32, slot: u32) -> Option<&mut [u8]> {
-        let r = self.range(page, slot)?;
-        self.rows.get_mut(r)
-    }
 }
 
 impl Device<'_, '_> {
@@ -238,26 +194,5 @@ impl Device<'_, '_> {
             FinishReason::Length => StopReason::Length,
         };
         Ok(OperationOutcome::Decoded { tokens: out, stop })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn arena_rows_are_page_major_and_bounded() {
-        let mut bytes = vec![0u8; 2 * 4 * 3];
-        let mut kv = ArenaKv {
-            rows: &mut bytes,
-            page_size: 4,
-            row_bytes: 3,
-        };
-        kv.row_mut(1, 2).unwrap().copy_from_slice(&[7, 8, 9]);
-        assert_eq!(kv.row(1, 2), Some(&[7u8, 8, 9][..]));
-        assert!(kv.row(1, 4).is_none(), "slot past the page");
-        assert!(kv.row(2, 0).is_none(), "page past the arena");
-        assert!(kv.row(u32::MAX, 3).is_none());
-        assert_eq!(&bytes[(4 + 2) * 3..(4 + 3) * 3], &[7, 8, 9]);
     }
 }
