@@ -504,3 +504,127 @@ fn den_demo_serves_the_real_model_or_says_it_is_synthetic() {
     assert_eq!(banner.len(), 1, "{err}");
     assert!(banner[0].contains("tests/fetch-models"), "{err}");
 }
+
+/// Benchmark (BENCHMARKS.md "Restoring a real prefix"): TTFT of a 1,024-token prompt whose
+/// prefix is recomputed, resident in the worker's pages, or restored from the RAM, SSD or
+/// object tier, with SmolLM2 on the CPU, chunks of 256 tokens (the default). Medians over
+/// five distinct prompts per tier, the router's measured TTFT, one new token.
+///
+/// `cargo build --release -p den-agent && DEN_TEST_MODELS=~/.cache/den/models cargo test
+/// --release -p den-tests --test it -- --ignored --nocapture bench_real_restore_ttft`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a benchmark: run it by hand (see BENCHMARKS.md)"]
+async fn bench_real_restore_ttft() {
+    use den_tests::agents::{Proc, Worker};
+    let Some(path) = model_file(SMOLLM2) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let file = path.display().to_string();
+    let args = |v: &[&str]| -> Vec<String> { v.iter().map(|s| s.to_string()).collect() };
+    let mut router_proc = Proc::spawn(
+        "router",
+        dir.path(),
+        &args(&[
+            "router",
+            "--listen",
+            "127.0.0.1:0",
+            "--model-file",
+            &format!("smollm2={file}"),
+        ]),
+        &[],
+    );
+    let url = router_proc.wait_line("den-agent router listening on ", Duration::from_secs(30));
+    let router = Router {
+        proc: router_proc,
+        url,
+        token: None,
+        dir: tempfile::tempdir().unwrap(),
+    };
+    let objects = format!("file://{}/objects", dir.path().display());
+    let tiers: [(&str, Vec<&str>); 3] = [
+        ("ram", vec!["--ram-bytes", "1GiB"]),
+        ("ssd", vec!["--ram-bytes", "0", "--ssd-bytes", "1GiB"]),
+        ("object", vec!["--ram-bytes", "0", "--object-store", &objects]),
+    ];
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let mut rows = Vec::new();
+    for (t, (tier, extra)) in tiers.iter().enumerate() {
+        let name = format!("w-{tier}");
+        let data = dir.path().join(&name);
+        let mut a = args(&[
+            "worker",
+            "--router",
+            &router.url,
+            "--name",
+            &name,
+            "--data-dir",
+            &data.display().to_string(),
+            "--model-file",
+            &file,
+            "--model",
+            "smollm2",
+            "--pages",
+            "512",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--fault-admin",
+            "127.0.0.1:0",
+        ]);
+        a.extend(extra.iter().map(|s| s.to_string()));
+        let mut proc = Proc::spawn(&name, dir.path(), &a, &[]);
+        let metrics = proc.wait_line("den-agent worker metrics on ", Duration::from_secs(60));
+        let fault = proc.wait_line("den-agent worker fault-admin on ", Duration::from_secs(60));
+        let worker = Worker {
+            proc,
+            name: name.clone(),
+            metrics,
+            fault: Some(fault),
+            data_dir: data,
+        };
+        router.wait_workers(&[name.as_str()]).await;
+        let (mut cold, mut resident, mut restored) = (Vec::new(), Vec::new(), Vec::new());
+        for i in 0..5u64 {
+            // 1,025 distinct tokens: 1,024 processed (four chunks), one pending.
+            let prompt: Vec<u64> = (0..1025u64)
+                .map(|k| 300 + (k * 7919 + i * 104_729 + t as u64 * 15_485_863) % 40_000)
+                .collect();
+            let body = |id: String| {
+                json!({"id": id, "model": "smollm2", "tokens": prompt, "max_new_tokens": 1,
+                       "temperature": 0})
+            };
+            let ttft = |v: &Value| v["ttft_ms"].as_f64().unwrap();
+            let c = generate(&router, body(format!("{tier}-{i}-cold"))).await;
+            assert_eq!(c["tier"], "none", "{c}");
+            cold.push(ttft(&c));
+            worker.wait_idle().await;
+            let r = generate(&router, body(format!("{tier}-{i}-resident"))).await;
+            assert_eq!(r["tier"], "gpu", "{r}");
+            resident.push(ttft(&r));
+            worker.wait_idle().await;
+            worker.fault("/fault/evict-resident").await;
+            den_tests::agents::wait_for("the eviction", Duration::from_secs(10), || async {
+                let obs = router.observation(&name).await?;
+                obs["gpu_prefixes"].as_array()?.is_empty().then_some(())
+            })
+            .await;
+            let s = generate(&router, body(format!("{tier}-{i}-restored"))).await;
+            assert_eq!(s["tier"], *tier, "{s}");
+            assert_eq!(s["cached_tokens"], 1024, "{s}");
+            restored.push(ttft(&s));
+        }
+        rows.push((tier.to_string(), median(cold), median(resident), median(restored)));
+        drop(worker);
+    }
+    println!("| tier | recomputed TTFT (ms) | resident in pages (ms) | restored (ms) | restored / recomputed |");
+    println!("|---|---:|---:|---:|---:|");
+    for (tier, cold, resident, restored) in rows {
+        println!(
+            "| {tier} | {cold:.0} | {resident:.0} | {restored:.0} | {:.3} |",
+            restored / cold
+        );
+    }
+}
