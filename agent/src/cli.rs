@@ -164,6 +164,10 @@ pub struct WorkerArgs {
     /// Threads of the model's forward pass [default: every core].
     #[arg(long, env = "DEN_MODEL_THREADS", value_name = "N")]
     pub model_threads: Option<usize>,
+    /// Rows of one batched step of a real model: every running decode's next token, then
+    /// prompt rows of requests still prefilling [default: 64].
+    #[arg(long, env = "DEN_BATCH_TOKENS", value_name = "N")]
+    pub batch_tokens: Option<u32>,
     /// Declared cost of prefilling one uncached prompt token, really spent on the execution queue [default: 0.05].
     #[arg(long, env = "DEN_PREFILL_MS_PER_TOKEN", value_name = "MS")]
     pub prefill_ms_per_token: Option<f64>,
@@ -329,6 +333,7 @@ pub struct WorkerFile {
     pub models: Vec<String>,
     pub model_file: Option<PathBuf>,
     pub model_threads: Option<usize>,
+    pub batch_tokens: Option<u32>,
     pub prefill_ms_per_token: Option<f64>,
     pub decode_ms_per_token: Option<f64>,
     pub first_token_ms: Option<f64>,
@@ -507,6 +512,10 @@ pub fn worker_options(a: &WorkerArgs, f: &WorkerFile) -> Result<WorkerOptions, S
     };
     o.model_file = a.model_file.clone().or(f.model_file.clone());
     o.model_threads = a.model_threads.or(f.model_threads);
+    o.batch_tokens = a.batch_tokens.or(f.batch_tokens).unwrap_or(o.batch_tokens);
+    if o.batch_tokens == 0 {
+        return Err("--batch-tokens must be positive".into());
+    }
     let d = EngineCosts::default();
     o.costs = EngineCosts::new(
         a.prefill_ms_per_token

@@ -93,6 +93,8 @@ pub struct WorkerOptions {
     pub model_file: Option<PathBuf>,
     /// Threads of the model's forward pass (default: every core).
     pub model_threads: Option<usize>,
+    /// Rows of one batched step of a real model (decode tokens first, then prompt rows).
+    pub batch_tokens: u32,
     pub costs: EngineCosts,
     /// RAM tier capacity (0 disables the tier).
     pub ram_bytes: u64,
@@ -132,6 +134,7 @@ impl WorkerOptions {
             models: vec![ModelFingerprint::from(DEFAULT_MODEL)],
             model_file: None,
             model_threads: None,
+            batch_tokens: DEFAULT_BATCH_TOKENS,
             costs: EngineCosts::default(),
             ram_bytes: 1 << 30,
             ssd_bytes: 0,
@@ -148,6 +151,11 @@ impl WorkerOptions {
         }
     }
 }
+
+/// Rows of one batched step: on the CPU a weight pass of 64 rows costs little more per
+/// row than a longer one (den-model runs 64 rows per pass), and keeps a step, which every
+/// running decode waits for, to one pass.
+pub const DEFAULT_BATCH_TOKENS: u32 = 64;
 
 /// The model the synthetic engine serves when none is named.
 pub const DEFAULT_MODEL: &str = "den-synthetic";
@@ -355,6 +363,7 @@ pub async fn start(mut opts: WorkerOptions) -> Result<RunningWorker, WorkerError
                 chunk_size: opts.chunk_size,
                 row_bytes: opts.kv_bytes_per_token,
                 verify_restores: opts.verify_restores,
+                batch_tokens: opts.batch_tokens,
             },
             metrics: Arc::clone(&metrics),
             calibration: Arc::clone(&calibration),

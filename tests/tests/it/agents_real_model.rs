@@ -3,8 +3,11 @@
 //! `tests/fetch-models`.
 //!
 //! - Greedy continuations through the whole stack are exactly den-model's own, run in this
-//!   process with the same batch shapes (prefill in 16-token chunks, then one token per
-//!   step): the worker's pages, two-phase appends and sampling change nothing. Against
+//!   process (prefill in 16-token pieces, then one token per step, where the worker
+//!   prefills 64 rows a step): den-model's CPU kernels compute each row on its own, so
+//!   batch shapes do not change a bit, and the worker's pages, two-phase appends and
+//!   sampling change nothing. Eight requests at once are batched (steps with several
+//!   decode rows) and each gets exactly the tokens it gets alone. Against
 //!   llama.cpp on the same file (`model/tests/golden/llamacpp_*.json`, made by
 //!   `llamacpp_golden.sh`) a free-running continuation may part at a near tie, as
 //!   llama.cpp's own builds do with each other (3 of 10 prompts agree on all 16 tokens
@@ -168,6 +171,60 @@ async fn agents_real_smollm2_greedy_agrees_with_llama_cpp() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_real_gemma3_greedy_agrees_with_llama_cpp() {
     agrees_with_llama_cpp(GEMMA3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_real_model_batches_concurrent_requests_without_changing_them() {
+    let Some(path) = model_file(SMOLLM2) else {
+        return;
+    };
+    let (router, worker) = serve(&path, "m", &[]);
+    router.wait_workers(&["w-real"]).await;
+    let g = golden(SMOLLM2);
+    let prompts: Vec<Vec<u64>> = g["prompts"].as_array().unwrap()[..8]
+        .iter()
+        .map(|c| ids(&c["prompt"]))
+        .collect();
+    let body = |i: usize, p: &[u64]| {
+        json!({"id": format!("alone-{i}"), "model": "m", "tokens": p, "max_new_tokens": 12,
+               "temperature": 0, "ignore_eos": true})
+    };
+    let mut alone = Vec::new();
+    for (i, p) in prompts.iter().enumerate() {
+        let done = generate(&router, body(i, p)).await;
+        alone.push(ids(&done["tokens"]));
+    }
+    worker.wait_idle().await;
+    worker.fault("/fault/evict-resident").await;
+    let before = worker.metrics_text().await;
+    let together = futures_util::future::join_all(prompts.iter().enumerate().map(|(i, p)| {
+        let mut b = body(i, p);
+        b["id"] = json!(format!("together-{i}"));
+        // Distinct from the first round's ids: a new request each.
+        let router = &router;
+        async move { generate(router, b).await }
+    }))
+    .await;
+    for (i, done) in together.iter().enumerate() {
+        assert_eq!(done["type"], "completed", "{done}");
+        assert_eq!(
+            ids(&done["tokens"]),
+            alone[i],
+            "prompt {i} batched vs alone"
+        );
+    }
+    let after = worker.metrics_text().await;
+    let delta = |name: &str, labels: &[(&str, &str)]| {
+        den_tests::agents::metric(&after, name, labels)
+            - den_tests::agents::metric(&before, name, labels)
+    };
+    let rows = delta("den_model_step_rows_total", &[("kind", "decode")]);
+    let steps = delta("den_model_decode_steps_total", &[]);
+    assert!(rows >= 8.0 * 12.0, "{rows} decode rows");
+    assert!(
+        rows >= 2.0 * steps,
+        "decodes shared steps: {rows} decode rows in {steps} steps"
+    );
 }
 
 /// The SSE `data:` payloads of a streamed answer.
@@ -545,7 +602,10 @@ async fn bench_real_restore_ttft() {
     let tiers: [(&str, Vec<&str>); 3] = [
         ("ram", vec!["--ram-bytes", "1GiB"]),
         ("ssd", vec!["--ram-bytes", "0", "--ssd-bytes", "1GiB"]),
-        ("object", vec!["--ram-bytes", "0", "--object-store", &objects]),
+        (
+            "object",
+            vec!["--ram-bytes", "0", "--object-store", &objects],
+        ),
     ];
     let median = |mut v: Vec<f64>| {
         v.sort_by(f64::total_cmp);
@@ -616,10 +676,17 @@ async fn bench_real_restore_ttft() {
             assert_eq!(s["cached_tokens"], 1024, "{s}");
             restored.push(ttft(&s));
         }
-        rows.push((tier.to_string(), median(cold), median(resident), median(restored)));
+        rows.push((
+            tier.to_string(),
+            median(cold),
+            median(resident),
+            median(restored),
+        ));
         drop(worker);
     }
-    println!("| tier | recomputed TTFT (ms) | resident in pages (ms) | restored (ms) | restored / recomputed |");
+    println!(
+        "| tier | recomputed TTFT (ms) | resident in pages (ms) | restored (ms) | restored / recomputed |"
+    );
     println!("|---|---:|---:|---:|---:|");
     for (tier, cold, resident, restored) in rows {
         println!(

@@ -60,6 +60,8 @@ pub struct DeviceConfig {
     pub row_bytes: u64,
     /// Read every restored chunk back and compare it with recomputation.
     pub verify_restores: bool,
+    /// A real model's rows per step: every running decode's token, then prompt rows.
+    pub batch_tokens: u32,
 }
 
 /// A unit of work for the device thread.
@@ -178,8 +180,12 @@ pub fn spawn(
                 model: engine,
             };
             let _ = ready_tx.send(Ok(()));
-            while let Ok(job) = rx.recv() {
-                device.run(job);
+            if device.model.is_some() {
+                device.run_batched(&rx);
+            } else {
+                while let Ok(job) = rx.recv() {
+                    device.run(job);
+                }
             }
         })
         .map_err(|e| format!("cannot start the device thread: {e}"))?;
@@ -208,6 +214,7 @@ struct Device<'m, 'a> {
 }
 
 /// Why an operation stopped early.
+#[derive(Debug, Clone)]
 enum Stop {
     Cancelled,
     Failed(String),
@@ -239,15 +246,16 @@ impl Device<'_, '_> {
                 } else {
                     let result = match op.kind {
                         OperationKind::Restore => self.restore(&op.work, &cancel),
-                        OperationKind::Prefill if self.model.is_some() => self
-                            .fill_model(&op.work, &cancel)
-                            .map(|_| OperationOutcome::Prefilled),
+                        // A real model's prefills and decodes go through the batching
+                        // scheduler ([`model`]), never here.
+                        OperationKind::Prefill | OperationKind::Decode if self.model.is_some() => {
+                            Err(Stop::Failed(
+                                "a model operation outside the scheduler".into(),
+                            ))
+                        }
                         OperationKind::Prefill => self
                             .fill(&op.work, &cancel)
                             .map(|_| OperationOutcome::Prefilled),
-                        OperationKind::Decode if self.model.is_some() => {
-                            self.decode_model(&op.work, &cancel)
-                        }
                         OperationKind::Decode => self.decode(&op.work, &cancel),
                     };
                     match result {
@@ -652,57 +660,89 @@ fn append_with<T>(
     count: u32,
     write: impl FnOnce(&mut dyn PageMemory, &AppendReservation) -> Result<Result<T, Mismatch>, Stop>,
 ) -> Result<Result<T, Mismatch>, Stop> {
-    let reservation = pool.lock().append_reserve(route, count)?;
-    let id = reservation.id;
-    if reservation.start != start {
-        let _ = pool.lock().abort_append(route, id);
-        return Err(Stop::Failed(format!(
-            "route {route} holds {} tokens, expected {start}",
-            reservation.start
-        )));
-    }
-    let pages: BTreeSet<Page> = reservation.slots.iter().map(|s| s.page).collect();
-    let tickets: Result<Vec<TransferTicket>, PoolError> = {
-        let mut pool = pool.lock();
-        pages.iter().map(|p| pool.start_load(*p)).collect()
-    };
-    let abort = |tickets: &[TransferTicket]| {
-        let mut pool = pool.lock();
-        for t in tickets {
-            let _ = pool.fail_load(*t);
-        }
-        let _ = pool.abort_append(route, id);
-    };
-    let tickets = match tickets {
-        Ok(t) => t,
-        Err(e) => {
-            abort(&[]);
-            return Err(e.into());
-        }
-    };
-    let written = (|| -> Result<Result<T, Mismatch>, Stop> {
-        if let Some(copy) = reservation.copy {
-            memory.copy_page(copy.src.0, copy.dst.0)?;
-        }
-        write(memory, &reservation)
-    })();
-    match written {
+    let pending = PendingAppend::begin(pool, memory, route, start, count)?;
+    match write(memory, &pending.reservation) {
         Ok(Ok(value)) => {
-            let mut pool = pool.lock();
-            for t in &tickets {
-                pool.complete_load(*t)?;
-            }
-            pool.commit_append(route, id)?;
+            pending.commit(pool)?;
             Ok(Ok(value))
         }
         Ok(Err(mismatch)) => {
-            abort(&tickets);
+            pending.abort(pool);
             Ok(Err(mismatch))
         }
         Err(stop) => {
-            abort(&tickets);
+            pending.abort(pool);
             Err(stop)
         }
+    }
+}
+
+/// An append between its reservation and its commit (or abort): the slots are reserved,
+/// their pages marked loading, a shared tail already copied.
+struct PendingAppend {
+    route: RouteId,
+    reservation: AppendReservation,
+    tickets: Vec<TransferTicket>,
+}
+
+impl PendingAppend {
+    /// Reserves `count` slots on `route`, which must be exactly `start` long.
+    fn begin(
+        pool: &SharedPool,
+        memory: &mut dyn PageMemory,
+        route: &RouteId,
+        start: u32,
+        count: u32,
+    ) -> Result<PendingAppend, Stop> {
+        let reservation = pool.lock().append_reserve(route, count)?;
+        let mut pending = PendingAppend {
+            route: route.clone(),
+            reservation,
+            tickets: Vec::new(),
+        };
+        if pending.reservation.start != start {
+            let held = pending.reservation.start;
+            pending.abort(pool);
+            return Err(Stop::Failed(format!(
+                "route {route} holds {held} tokens, expected {start}"
+            )));
+        }
+        let pages: BTreeSet<Page> = pending.reservation.slots.iter().map(|s| s.page).collect();
+        let tickets: Result<Vec<TransferTicket>, PoolError> = {
+            let mut pool = pool.lock();
+            pages.iter().map(|p| pool.start_load(*p)).collect()
+        };
+        match tickets {
+            Ok(t) => pending.tickets = t,
+            Err(e) => {
+                pending.abort(pool);
+                return Err(e.into());
+            }
+        }
+        if let Some(copy) = pending.reservation.copy
+            && let Err(e) = memory.copy_page(copy.src.0, copy.dst.0)
+        {
+            pending.abort(pool);
+            return Err(e.into());
+        }
+        Ok(pending)
+    }
+
+    fn commit(self, pool: &SharedPool) -> Result<(), Stop> {
+        let mut pool = pool.lock();
+        for t in &self.tickets {
+            pool.complete_load(*t)?;
+        }
+        pool.commit_append(&self.route, self.reservation.id)?;
+        Ok(())
+    }
+
+    fn abort(self, pool: &SharedPool) {
+        let mut pool = pool.lock();
+        for t in &self.tickets {
+            let _ = pool.fail_load(*t);
+        }
+        let _ = pool.abort_append(&self.route, self.reservation.id);
     }
 }
 

@@ -1,198 +1,477 @@
-//! The device thread with a real model: prefill and decode run den-model's forward pass
-//! over the route's pages in the worker's own arena.
+//! The device thread with a real model: an iteration-level batching scheduler over
+//! den-model's forward pass, in the worker's own host page arena.
 //!
-//! Every row goes through the pool's two-phase append like the synthetic engine's: the
-//! slots are reserved (a shared tail copied first), the forward pass writes the new rows
-//! in place through the reservation's page table (`pages_after`), and the append commits
-//! only when the pass succeeded; a failure or a cancellation aborts it and the route is as
-//! it was. Restored chunks are checked by the hash their tier stored, not by recomputation:
-//! real KV is not bit-reproducible across batch shapes (spec of issue 12, item 2).
+//! Each **step** is one weight pass (`Runner::forward`) over a batch of rows: one decode
+//! token for every running decode, then prompt rows of assignments still filling — the
+//! repair of decodes whose restore fell short before plain prefills — within the token
+//! budget (`--batch-tokens`). A long prompt is so prefilled a budget at a time between the
+//! decode steps of others, and decodes that arrive while one runs join the next step.
+//! Restores and checkpoint captures are copies: they run between steps, whole.
+//!
+//! Every row goes through the pool's two-phase append: each participant's slots are
+//! reserved (a shared tail copied first) before the pass, written in place by it through
+//! the reservation's page table (`pages_after`), and committed after it; a failed pass
+//! aborts every reservation of the step and fails its participants, leaving their routes
+//! as they were. A cancelled assignment leaves at the next step boundary, when nothing of
+//! it is pending: it is fenced at once and its pages are released at quiescence (the
+//! worker machine releases them when the failure it is reported with arrives).
+//!
+//! Admission stays the worker machine's (pages are reserved for the projected context
+//! before an offer is accepted), so a step never runs out of the pages it was promised.
+//! Restored chunks are checked by the hash their tier stored, not by recomputation: real
+//! KV is not bit-reproducible across batch shapes.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, TryRecvError};
 use std::time::Instant;
 
+use den_model::BatchRow;
+use den_model::Runner;
 use den_model::kv::{ArenaRows, Sequence};
 use den_model::sample::{FinishReason, Generation, Step};
-use den_model::{ModelError, Runner};
-use den_protocol::pool::AppendReservation;
 use den_protocol::request::Token;
 use den_protocol::wire::StopReason;
-use den_protocol::worker::{OperationOutcome, Work};
+use den_protocol::worker::{Operation, OperationKind, OperationOutcome};
 
-use super::{Device, DeviceEvent, Mismatch, Stop, append_with, token_range};
-use crate::memory::PageMemory;
+use super::{Device, DeviceEvent, Job, PendingAppend, Stop, failed};
 use crate::model_file::{ModelText, generation_config};
 
 /// A loaded model on the device thread.
 pub struct ModelEngine<'m, 'a> {
     pub runner: Runner<'m, 'a>,
     pub text: Arc<ModelText>,
-    /// The page table handed to the forward pass, reused for every step.
-    pages: Vec<u32>,
 }
 
 impl<'m, 'a> ModelEngine<'m, 'a> {
     pub fn new(runner: Runner<'m, 'a>, text: Arc<ModelText>) -> Self {
-        ModelEngine {
-            runner,
-            text,
-            pages: Vec::with_capacity(256),
-        }
-    }
-
-    /// Runs `tokens` at positions `start..` of the route the reservation extends, writing
-    /// their rows into the reserved slots; returns the last token's logits.
-    fn run(
-        &mut self,
-        memory: &mut dyn PageMemory,
-        reservation: &AppendReservation,
-        start: u32,
-        tokens: &[Token],
-    ) -> Result<&[f32], Stop> {
-        let geometry = memory.geometry();
-        let rows = memory.host_rows().ok_or_else(|| {
-            Stop::Failed(
-                "a real model runs on the CPU and needs the host page arena: start the worker with --backend host".into(),
-            )
-        })?;
-        let mut kv = ArenaRows::new(rows, geometry.page_size, geometry.row_bytes as usize)
-            .map_err(|e| Stop::Failed(format!("model: {e}")))?;
-        let mut pages = std::mem::take(&mut self.pages);
-        pages.clear();
-        pages.extend(reservation.pages_after.iter().map(|p| p.0));
-        let mut seq = Sequence::with_pages(pages, start);
-        let result = self.runner.prefill(tokens, &mut kv, &mut seq);
-        self.pages = seq.take_pages();
-        result.map_err(model_stop)
+        ModelEngine { runner, text }
     }
 }
 
-fn model_stop(e: ModelError) -> Stop {
-    Stop::Failed(format!("model: {e}"))
+/// A prefill or decode in the scheduler.
+struct Active {
+    job: u64,
+    op: Operation,
+    cancel: Arc<AtomicBool>,
+    /// Set once a decode's prompt rows are all there.
+    decoding: Option<Decoding>,
+}
+
+struct Decoding {
+    generation: Generation,
+    out: Vec<Token>,
+    /// The token whose row the next step writes (the pending prompt token, then each
+    /// generated one).
+    consumed: Token,
+}
+
+/// A decode row's sampled token and whether it ended the output, or why sampling failed.
+type Sampled = Result<(Token, Option<FinishReason>), String>;
+
+/// One participant of a step.
+struct Part {
+    active: usize,
+    start: u32,
+    count: u32,
+    pending: Option<PendingAppend>,
 }
 
 impl Device<'_, '_> {
-    /// Prefill with the model: the prompt's rows the route lacks, a chunk at a time.
-    pub(super) fn fill_model(&mut self, work: &Work, cancel: &AtomicBool) -> Result<u32, Stop> {
-        let request = &work.request;
-        let route = &work.route;
-        let upto = request.processed();
-        self.ensure_route(route)?;
-        let piece = self.ctx.config.chunk_size.max(1);
-        let mut computed = 0;
+    /// Serves jobs until the queue closes and the last admitted one is done.
+    pub(super) fn run_batched(&mut self, rx: &Receiver<Job>) {
+        let mut active: Vec<Active> = Vec::new();
+        let mut open = true;
         loop {
-            let have = self.route_len(route);
-            if have >= upto {
-                break;
+            if active.is_empty() {
+                if !open {
+                    return;
+                }
+                match rx.recv() {
+                    Ok(job) => self.admit(job, &mut active),
+                    Err(_) => return,
+                }
             }
-            if cancel.load(Ordering::Relaxed) {
-                return Err(Stop::Cancelled);
+            while open {
+                match rx.try_recv() {
+                    Ok(job) => self.admit(job, &mut active),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => open = false,
+                }
             }
-            let n = (upto - have).min(piece);
-            let tokens = token_range(&request.tokens, have, have + n)?;
-            let t0 = Instant::now();
-            let Device {
-                memory, ctx, model, ..
-            } = self;
-            let engine = model
-                .as_mut()
-                .ok_or_else(|| Stop::Failed("no model loaded".into()))?;
-            append_with(&ctx.pool, memory.as_mut(), route, have, n, |mem, res| {
-                engine.run(mem, res, have, tokens).map(|_| Ok(()))
-            })?
-            .map_err(|Mismatch(d)| Stop::Failed(d))?;
-            self.ctx
-                .calibration
-                .prefill(t0.elapsed().as_secs_f64() * 1e3, n);
-            self.ctx.metrics.counter_add(
-                "den_recomputed_tokens_total",
-                "Prompt tokens whose KV was computed (not reused from a cache).",
-                &[],
-                n as f64,
-            );
-            computed += n;
+            if !active.is_empty() {
+                self.step(&mut active);
+            }
         }
-        Ok(computed)
     }
 
-    /// Repair the prefix, then generate: each step runs the token it consumes (the pending
-    /// prompt token, then each generated token) and samples the next from its logits,
-    /// until a stop (EOS, a stop token or string), `max_new_tokens`, or the context's end.
-    pub(super) fn decode_model(
-        &mut self,
-        work: &Work,
-        cancel: &AtomicBool,
-    ) -> Result<OperationOutcome, Stop> {
-        self.fill_model(work, cancel)?;
-        let request = &work.request;
-        let route = &work.route;
-        let processed = request.processed();
-        let Device {
-            memory, ctx, model, ..
-        } = self;
-        let engine = model
-            .as_mut()
+    fn admit(&mut self, job: Job, active: &mut Vec<Active>) {
+        match job {
+            Job::Op { job, op, cancel }
+                if matches!(op.kind, OperationKind::Prefill | OperationKind::Decode) =>
+            {
+                self.ctx.queue.start(job);
+                if cancel.load(Ordering::Relaxed) {
+                    self.finish(job, &op, failed(op.kind, "cancelled before it started"));
+                } else if let Err(stop) = self.ensure_route(&op.work.route) {
+                    self.finish(job, &op, stopped(op.kind, stop));
+                } else {
+                    active.push(Active {
+                        job,
+                        op,
+                        cancel,
+                        decoding: None,
+                    });
+                }
+            }
+            other => self.run(other),
+        }
+    }
+
+    fn finish(&mut self, job: u64, op: &Operation, outcome: OperationOutcome) {
+        self.publish_totals();
+        self.ctx.queue.finish(job);
+        let _ = self.ctx.events.send(DeviceEvent::Done {
+            assignment: op.assignment().clone(),
+            outcome,
+        });
+    }
+
+    /// Removes `active[i]` and reports `outcome` for it.
+    fn retire(&mut self, active: &mut Vec<Active>, i: usize, outcome: OperationOutcome) {
+        let a = active.remove(i);
+        self.finish(a.job, &a.op, outcome);
+    }
+
+    /// One step: leave what was cancelled, move filled assignments on, run one pass.
+    fn step(&mut self, active: &mut Vec<Active>) {
+        for i in (0..active.len()).rev() {
+            if active[i].cancel.load(Ordering::Relaxed) {
+                let kind = active[i].op.kind;
+                self.retire(active, i, failed(kind, "cancelled"));
+                continue;
+            }
+            if active[i].decoding.is_none() {
+                let processed = active[i].op.work.request.processed();
+                if self.route_len(&active[i].op.work.route) >= processed {
+                    match self.filled(&active[i]) {
+                        Ok(None) => self.retire(active, i, OperationOutcome::Prefilled),
+                        Ok(Some(d)) => active[i].decoding = Some(d),
+                        Err(stop) => {
+                            let kind = active[i].op.kind;
+                            self.retire(active, i, stopped(kind, stop));
+                        }
+                    }
+                }
+            }
+        }
+        if active.is_empty() {
+            return;
+        }
+        let mut parts = self.plan(active);
+        let mut outcomes: Vec<(usize, OperationOutcome)> = Vec::new();
+        // Reserve every participant's rows before the pass.
+        for p in &mut parts {
+            let a = &active[p.active];
+            let Device { memory, ctx, .. } = &mut *self;
+            match PendingAppend::begin(
+                &ctx.pool,
+                memory.as_mut(),
+                &a.op.work.route,
+                p.start,
+                p.count,
+            ) {
+                Ok(pending) => p.pending = Some(pending),
+                Err(stop) => outcomes.push((p.active, stopped(a.op.kind, stop))),
+            }
+        }
+        parts.retain(|p| p.pending.is_some());
+        self.count_step(active, &parts);
+        let t0 = Instant::now();
+        let sampled = self.pass(active, &parts);
+        let ms = t0.elapsed().as_secs_f64() * 1e3;
+        match sampled {
+            Err(stop) => {
+                for p in parts {
+                    if let Some(pending) = p.pending {
+                        pending.abort(&self.ctx.pool);
+                    }
+                    let kind = active[p.active].op.kind;
+                    outcomes.push((p.active, stopped(kind, stop.clone())));
+                }
+            }
+            Ok(tokens) => {
+                let mut filled = 0;
+                let mut next = tokens.into_iter();
+                for p in parts {
+                    let committed = match p.pending {
+                        Some(pending) => pending.commit(&self.ctx.pool),
+                        None => continue,
+                    };
+                    let a = &mut active[p.active];
+                    if let Err(stop) = committed {
+                        outcomes.push((p.active, stopped(a.op.kind, stop)));
+                        continue;
+                    }
+                    let Some(d) = a.decoding.as_mut() else {
+                        filled += p.count;
+                        continue;
+                    };
+                    let Some(step) = next.next() else {
+                        outcomes.push((p.active, failed(a.op.kind, "no logits for a decode row")));
+                        continue;
+                    };
+                    match step {
+                        Ok((token, finish)) => {
+                            let index = d.out.len() as u32;
+                            d.out.push(token);
+                            d.consumed = token;
+                            if index == 0 {
+                                self.ctx.calibration.first_token(ms);
+                            } else {
+                                self.ctx.calibration.decode_step(ms);
+                            }
+                            let _ = self.ctx.events.send(DeviceEvent::Token {
+                                assignment: a.op.work.assignment.clone(),
+                                token,
+                                index,
+                            });
+                            if let Some(reason) = finish {
+                                let max = a.op.work.request.max_new_tokens as usize;
+                                let stop = match reason {
+                                    FinishReason::Stop => StopReason::Eos,
+                                    FinishReason::Length if d.out.len() < max => {
+                                        StopReason::Capacity
+                                    }
+                                    FinishReason::Length => StopReason::Length,
+                                };
+                                let tokens = std::mem::take(&mut d.out);
+                                outcomes
+                                    .push((p.active, OperationOutcome::Decoded { tokens, stop }));
+                            }
+                        }
+                        Err(detail) => outcomes.push((p.active, failed(a.op.kind, &detail))),
+                    }
+                }
+                if filled > 0 {
+                    self.ctx.calibration.prefill(ms, filled);
+                    self.ctx.metrics.counter_add(
+                        "den_recomputed_tokens_total",
+                        "Prompt tokens whose KV was computed (not reused from a cache).",
+                        &[],
+                        f64::from(filled),
+                    );
+                }
+            }
+        }
+        outcomes.sort_by_key(|(i, _)| std::cmp::Reverse(*i));
+        outcomes.dedup_by_key(|(i, _)| *i);
+        for (i, outcome) in outcomes {
+            self.retire(active, i, outcome);
+        }
+    }
+
+    /// `den_model_steps_total` and the rows of each kind, so the mean batch is visible.
+    fn count_step(&self, active: &[Active], parts: &[Part]) {
+        let decodes = parts
+            .iter()
+            .filter(|p| active[p.active].decoding.is_some())
+            .count();
+        let prompt: u32 = parts
+            .iter()
+            .filter(|p| active[p.active].decoding.is_none())
+            .map(|p| p.count)
+            .sum();
+        let m = &self.ctx.metrics;
+        m.counter_add(
+            "den_model_steps_total",
+            "Batched forward passes of the real model.",
+            &[],
+            1.0,
+        );
+        if decodes > 0 {
+            m.counter_add(
+                "den_model_decode_steps_total",
+                "Batched forward passes with at least one decode row.",
+                &[],
+                1.0,
+            );
+        }
+        for (kind, rows) in [("decode", decodes as f64), ("prompt", f64::from(prompt))] {
+            m.counter_add(
+                "den_model_step_rows_total",
+                "Rows of the real model's batched passes, by kind (decode tokens, prompt rows).",
+                &[("kind", kind)],
+                rows,
+            );
+        }
+    }
+
+    /// What a filled assignment does next: a prefill is done (`None`); a decode starts
+    /// generating.
+    fn filled(&self, a: &Active) -> Result<Option<Decoding>, Stop> {
+        if a.op.kind != OperationKind::Decode {
+            return Ok(None);
+        }
+        let engine = self
+            .model
+            .as_ref()
             .ok_or_else(|| Stop::Failed("no model loaded".into()))?;
-        let text = Arc::clone(&engine.text);
+        let request = &a.op.work.request;
         let context = engine.runner.model().config().context_length as usize;
         let config = generation_config(&request.sampling, &request.id, request.max_new_tokens);
-        let mut generation =
-            Generation::new(&text.tokenizer, config, request.tokens.len(), context)
-                .map_err(|e| Stop::Failed(format!("generation: {e}")))?;
-        let mut out: Vec<Token> = Vec::with_capacity(generation.limit().min(4096));
-        let mut consumed = request
+        let generation = Generation::new(
+            &engine.text.tokenizer,
+            config,
+            request.tokens.len(),
+            context,
+        )
+        .map_err(|e| Stop::Failed(format!("generation: {e}")))?;
+        let consumed = request
             .tokens
             .last()
             .copied()
             .ok_or_else(|| Stop::Failed("a request has at least one token".into()))?;
-        let finish = loop {
-            if cancel.load(Ordering::Relaxed) {
-                return Err(Stop::Cancelled);
+        Ok(Some(Decoding {
+            generation,
+            out: Vec::with_capacity((request.max_new_tokens as usize).min(4096)),
+            consumed,
+        }))
+    }
+
+    /// The step's rows: every decode's next token, then prompt rows (decodes' repairs
+    /// before prefills) while the token budget lasts.
+    fn plan(&self, active: &[Active]) -> Vec<Part> {
+        let budget = self.ctx.config.batch_tokens.max(1);
+        let mut used = 0u32;
+        let mut parts = Vec::new();
+        for (i, a) in active.iter().enumerate() {
+            if let Some(d) = &a.decoding {
+                let start = a.op.work.request.processed() + d.out.len() as u32;
+                parts.push(Part {
+                    active: i,
+                    start,
+                    count: 1,
+                    pending: None,
+                });
+                used += 1;
             }
-            let i = out.len() as u32;
-            let t0 = Instant::now();
-            let position = processed + i;
-            let (token, finished) = append_with(
-                &ctx.pool,
-                memory.as_mut(),
-                route,
-                position,
-                1,
-                |mem, res| {
-                    let logits = engine.run(mem, res, position, &[consumed])?;
-                    match generation.step(&text.tokenizer, logits) {
-                        Ok(Step::Token { id, .. }) => Ok(Ok((id, None))),
-                        Ok(Step::Finished { id, reason, .. }) => Ok(Ok((id, Some(reason)))),
-                        Err(e) => Err(Stop::Failed(format!("sampling: {e}"))),
-                    }
-                },
-            )?
-            .map_err(|Mismatch(d)| Stop::Failed(d))?;
-            out.push(token);
-            let ms = t0.elapsed().as_secs_f64() * 1e3;
-            if i == 0 {
-                ctx.calibration.first_token(ms);
-            } else {
-                ctx.calibration.decode_step(ms);
+        }
+        let mut fillers: Vec<usize> = (0..active.len())
+            .filter(|i| active[*i].decoding.is_none())
+            .collect();
+        fillers.sort_by_key(|i| active[*i].op.kind != OperationKind::Decode);
+        for i in fillers {
+            if used >= budget {
+                break;
             }
-            let _ = ctx.events.send(DeviceEvent::Token {
-                assignment: work.assignment.clone(),
-                token,
-                index: i,
+            let a = &active[i];
+            let have = self.route_len(&a.op.work.route);
+            let need = a.op.work.request.processed().saturating_sub(have);
+            let count = need.min(budget - used);
+            if count == 0 {
+                continue;
+            }
+            parts.push(Part {
+                active: i,
+                start: have,
+                count,
+                pending: None,
             });
-            if let Some(reason) = finished {
-                break reason;
+            used += count;
+        }
+        parts
+    }
+
+    /// Runs the step's rows through the model and samples each decode's next token (in
+    /// the order of the decode parts). Nothing is committed here.
+    fn pass(
+        &mut self,
+        active: &mut [Active],
+        parts: &[Part],
+    ) -> Result<Vec<Sampled>, Stop> {
+        let seqs: Vec<Sequence> = parts
+            .iter()
+            .map(|p| {
+                let pages = p
+                    .pending
+                    .as_ref()
+                    .map(|r| r.reservation.pages_after.iter().map(|pg| pg.0).collect())
+                    .unwrap_or_default();
+                Sequence::with_pages(pages, p.start)
+            })
+            .collect();
+        let mut rows: Vec<BatchRow<'_>> = Vec::new();
+        for (p, seq) in parts.iter().zip(&seqs) {
+            let a = &active[p.active];
+            match &a.decoding {
+                Some(d) => rows.push(BatchRow {
+                    token: d.consumed,
+                    pos: p.start,
+                    seq,
+                    logits: true,
+                }),
+                None => {
+                    let tokens =
+                        a.op.work
+                            .request
+                            .tokens
+                            .get(p.start as usize..(p.start + p.count) as usize)
+                            .ok_or_else(|| {
+                                Stop::Failed(format!(
+                                    "token range {}..{} is outside the request",
+                                    p.start,
+                                    p.start + p.count
+                                ))
+                            })?;
+                    rows.extend(tokens.iter().enumerate().map(|(k, t)| BatchRow {
+                        token: *t,
+                        pos: p.start + k as u32,
+                        seq,
+                        logits: false,
+                    }));
+                }
             }
-            consumed = token;
-        };
-        let stop = match finish {
-            FinishReason::Stop => StopReason::Eos,
-            FinishReason::Length if out.len() < request.max_new_tokens as usize => {
-                StopReason::Capacity
-            }
-            FinishReason::Length => StopReason::Length,
-        };
-        Ok(OperationOutcome::Decoded { tokens: out, stop })
+        }
+        let Device { memory, model, .. } = self;
+        let engine = model
+            .as_mut()
+            .ok_or_else(|| Stop::Failed("no model loaded".into()))?;
+        let geometry = memory.geometry();
+        let arena = memory.host_rows().ok_or_else(|| {
+            Stop::Failed(
+                "a real model runs on the CPU and needs the host page arena: start the worker with --backend host".into(),
+            )
+        })?;
+        let mut kv = ArenaRows::new(arena, geometry.page_size, geometry.row_bytes as usize)
+            .map_err(|e| Stop::Failed(format!("model: {e}")))?;
+        let vocab = engine.runner.model().vocab();
+        let logits = engine
+            .runner
+            .forward(&rows, &mut kv)
+            .map_err(|e| Stop::Failed(format!("model: {e}")))?;
+        let text = &engine.text;
+        let mut out = Vec::new();
+        let mut k = 0;
+        for p in parts {
+            let Some(d) = active[p.active].decoding.as_mut() else {
+                continue;
+            };
+            let row = logits.get(k * vocab..(k + 1) * vocab).unwrap_or_default();
+            k += 1;
+            out.push(match d.generation.step(&text.tokenizer, row) {
+                Ok(Step::Token { id, .. }) => Ok((id, None)),
+                Ok(Step::Finished { id, reason, .. }) => Ok((id, Some(reason))),
+                Err(e) => Err(format!("sampling: {e}")),
+            });
+        }
+        Ok(out)
+    }
+}
+
+fn stopped(kind: OperationKind, stop: Stop) -> OperationOutcome {
+    match stop {
+        Stop::Cancelled => failed(kind, "cancelled"),
+        Stop::Failed(detail) => failed(kind, &detail),
     }
 }
