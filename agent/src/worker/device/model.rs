@@ -385,11 +385,7 @@ impl Device<'_, '_> {
 
     /// Runs the step's rows through the model and samples each decode's next token (in
     /// the order of the decode parts). Nothing is committed here.
-    fn pass(
-        &mut self,
-        active: &mut [Active],
-        parts: &[Part],
-    ) -> Result<Vec<Sampled>, Stop> {
+    fn pass(&mut self, active: &mut [Active], parts: &[Part]) -> Result<Vec<Sampled>, Stop> {
         let seqs: Vec<Sequence> = parts
             .iter()
             .map(|p| {
