@@ -31,8 +31,10 @@ impl Tmux {
         let err = dir.path().join("den.err");
         let session = format!("den-e2e-{}", std::process::id());
         let socket = session.clone();
+        // The synthetic engine: the test's requests and timings are the model-free
+        // demo's (the real-model demo is `agents_real_model`'s).
         let cmd = format!(
-            "env DEN_TOKEN={TOKEN} XDG_STATE_HOME={state} {den} --no-record demo 2>{err}",
+            "env DEN_TOKEN={TOKEN} XDG_STATE_HOME={state} {den} --no-record demo --synthetic 2>{err}",
             state = dir.path().display(),
             den = den.display(),
             err = err.display()
