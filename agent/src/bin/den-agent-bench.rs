@@ -103,9 +103,14 @@ async fn wait_workers(h: &RouterHandle, n: usize) {
 }
 
 fn request(i: u64, max_new: u32) -> Option<GenerationRequest> {
-    // Distinct prompts: every request is a miss (prefill + decode), no cache effects.
-    let tokens: Vec<u32> = (0..32)
-        .map(|k| 256 + ((i * 131 + k * 7) % 400) as u32)
+    // Distinct prompts: every request is a miss (prefill + decode), no cache effects. The
+    // first two tokens spell `i` in base 400, so no two of 160,000 requests share a chunk.
+    let tokens: Vec<u32> = (0..32u64)
+        .map(|k| match k {
+            0 => 256 + (i % 400) as u32,
+            1 => 256 + (i / 400 % 400) as u32,
+            _ => 256 + ((i * 131 + k * 7) % 400) as u32,
+        })
         .collect();
     GenerationRequest::new(format!("b-{i}"), "den-synthetic", tokens, max_new).ok()
 }

@@ -197,3 +197,40 @@ async fn agents_client_disconnect_cancels_and_frees_exactly_the_reserved_pages()
     );
     assert_eq!(router.post("/v1/requests/nope/cancel").await.status(), 404);
 }
+
+/// A worker without a storage tier releases a completed route at once, so the router must
+/// not guess its prefix resident there: the same prompt sent again right away (before a
+/// heartbeat) is offered once, as a miss, never declined as a stale GPU hit. (Those
+/// guesses declined 80 % of `den-agent-bench`'s offers and held it to ~1,000 requests/s.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_no_speculative_prefix_on_a_worker_without_tiers() {
+    let router = start_router(
+        None,
+        &["--heartbeat-interval", "5s", "--heartbeat-timeout", "15s"],
+    );
+    let _w = start_worker(&router, "w-bare", false, &["--ram-bytes", "0"]);
+    router.wait_workers(&["w-bare"]).await;
+    let tokens = prompt(7, 64);
+    for i in 0..5 {
+        let g = router
+            .generate(body(&format!("bare-{i}"), &tokens, 2))
+            .await;
+        assert_eq!(g.kind(), "completed", "{:?}", g.terminal);
+        assert_eq!(g.tier(), "none", "{:?}", g.terminal);
+        let attempts = g.terminal["attempts"].as_array().map_or(0, Vec::len);
+        assert_eq!(attempts, 1, "one offer, no decline: {:?}", g.terminal);
+    }
+    let m = router.metrics().await;
+    assert_eq!(
+        metric(
+            &m,
+            "den_router_attempts_ended_total",
+            &[
+                ("outcome", "declined"),
+                ("reason", "resident-prefix-unavailable")
+            ]
+        ),
+        0.0,
+        "{m}"
+    );
+}

@@ -67,6 +67,12 @@ impl RouterActor {
         let Some(obs) = self.discovery.registry().get(worker) else {
             return;
         };
+        // A worker without a storage tier releases a completed route at once (nothing
+        // could make it durable, hence evictable): there is nothing resident to guess,
+        // and every guess would cost a declined offer.
+        if obs.tier_throughput_bytes_per_ms.is_empty() {
+            return;
+        }
         let bytes_per_token = obs
             .pool
             .page_bytes
