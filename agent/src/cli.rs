@@ -117,6 +117,18 @@ pub struct RouterArgs {
         value_delimiter = ','
     )]
     pub model_files: Vec<String>,
+    /// Most connections the router holds at once; more are closed on accept [default: 4096].
+    #[arg(long, env = "DEN_MAX_CONNECTIONS", value_name = "N")]
+    pub max_connections: Option<usize>,
+    /// Most connections from one IP address [default: 512].
+    #[arg(long, env = "DEN_MAX_CONNECTIONS_PER_PEER", value_name = "N")]
+    pub max_connections_per_peer: Option<usize>,
+    /// A connection's first request headers must arrive within this [default: 10s].
+    #[arg(long, env = "DEN_HEADER_TIMEOUT", value_name = "DURATION", value_parser = parse_duration)]
+    pub header_timeout: Option<Duration>,
+    /// A connection with no byte in either direction for this long is closed [default: 5m].
+    #[arg(long, env = "DEN_IDLE_TIMEOUT", value_name = "DURATION", value_parser = parse_duration)]
+    pub idle_timeout: Option<Duration>,
 }
 
 /// Options of `den-agent worker`.
@@ -315,6 +327,10 @@ pub struct RouterFile {
     pub catalog: Option<PathBuf>,
     #[serde(default)]
     pub model_files: Vec<String>,
+    pub max_connections: Option<usize>,
+    pub max_connections_per_peer: Option<usize>,
+    pub header_timeout: Option<String>,
+    pub idle_timeout: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -437,7 +453,36 @@ pub fn router_options(
             };
             std::sync::Arc::new(text_models(specs)?)
         },
+        limits: {
+            let l = crate::listener::Limits::default();
+            crate::listener::Limits {
+                max_connections: a
+                    .max_connections
+                    .or(f.max_connections)
+                    .unwrap_or(l.max_connections),
+                max_per_peer: a
+                    .max_connections_per_peer
+                    .or(f.max_connections_per_peer)
+                    .unwrap_or(l.max_per_peer),
+                header_timeout: a
+                    .header_timeout
+                    .or(dur(&f.header_timeout, "router.header_timeout")?)
+                    .unwrap_or(l.header_timeout),
+                idle_timeout: a
+                    .idle_timeout
+                    .or(dur(&f.idle_timeout, "router.idle_timeout")?)
+                    .unwrap_or(l.idle_timeout),
+            }
+        },
     };
+    let l = &opts.limits;
+    if l.max_connections == 0
+        || l.max_per_peer == 0
+        || l.header_timeout.is_zero()
+        || l.idle_timeout.is_zero()
+    {
+        return Err("--max-connections, --max-connections-per-peer, --header-timeout and --idle-timeout must be positive".into());
+    }
     if opts.heartbeat_interval >= opts.heartbeat_timeout {
         return Err(format!(
             "--heartbeat-interval ({:?}) must be shorter than --heartbeat-timeout ({:?})",

@@ -9,6 +9,7 @@ pub mod cli;
 pub mod config;
 pub mod engine;
 pub mod ingress;
+pub mod listener;
 pub mod local_cluster;
 pub mod logging;
 pub mod memory;

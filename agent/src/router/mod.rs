@@ -82,6 +82,8 @@ pub struct RouterOptions {
     pub catalog: Arc<manage::ModelCatalog>,
     /// Tokenizers and chat templates of the real models served (`--model-file`).
     pub text_models: Arc<crate::ingress::TextModels>,
+    /// Connections the listener admits and how long they may stay silent.
+    pub limits: crate::listener::Limits,
 }
 
 impl Default for RouterOptions {
@@ -101,6 +103,7 @@ impl Default for RouterOptions {
             drain_timeout: Duration::from_secs(30),
             catalog: Arc::new(manage::ModelCatalog::default()),
             text_models: Arc::new(crate::ingress::TextModels::new()),
+            limits: crate::listener::Limits::default(),
         }
     }
 }
@@ -410,11 +413,9 @@ impl RouterServer {
     ) -> std::io::Result<()> {
         let RouterServer { handle, app, actor } = self;
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
-        // Small SSE and NDJSON writes must not wait for the peer's delayed ACK (Nagle):
-        // without TCP_NODELAY every streamed token can sit ~40 ms in the kernel.
-        let listener = axum::serve::ListenerExt::tap_io(listener, |s| {
-            let _ = s.set_nodelay(true);
-        });
+        // Bounded connections, header and idle deadlines, and TCP_NODELAY (small SSE
+        // and NDJSON writes must not wait for the peer's delayed ACK).
+        let listener = crate::listener::GuardedListener::new(listener, handle.shared.opts.limits);
         let server = axum::serve(listener, app).with_graceful_shutdown(async {
             let _ = stop_rx.await;
         });

@@ -72,6 +72,10 @@ pub async fn serve_faults(
 async fn serve(addr: SocketAddr, app: Router) -> std::io::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
+    // Bounded like the router's: a scraper that opens sockets and says nothing must not
+    // exhaust the worker's descriptors.
+    let listener =
+        crate::listener::GuardedListener::new(listener, crate::listener::Limits::default());
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             tracing::error!("admin endpoint {bound} failed: {e}");

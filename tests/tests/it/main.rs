@@ -7,6 +7,7 @@
 mod agents_burst;
 mod agents_cli;
 mod agents_faults;
+mod agents_limits;
 mod agents_openai_client;
 mod agents_protocol;
 mod agents_real_model;
