@@ -29,6 +29,18 @@ pub enum SubmitError {
     ShuttingDown,
     #[error("the router is overloaded: {0}")]
     Overloaded(String),
+    #[error(
+        "no model instance {0} is placed on this router: name one from GET /state, or leave den_instance out"
+    )]
+    UnknownInstance(String),
+    #[error(
+        "instance {instance} serves model {serves}, not {asked}: ask it for its own model, or leave den_instance out"
+    )]
+    InstanceModel {
+        instance: String,
+        serves: String,
+        asked: String,
+    },
 }
 
 /// A model the cluster can serve, as listed by `GET /v1/models`.

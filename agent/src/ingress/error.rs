@@ -130,6 +130,18 @@ impl ApiError {
             SubmitError::DuplicateId(_) => {
                 (StatusCode::INTERNAL_SERVER_ERROR, "duplicate_request_id")
             }
+            SubmitError::UnknownInstance(_) => {
+                return ApiError {
+                    status: StatusCode::NOT_FOUND,
+                    kind: ErrorType::InvalidRequest,
+                    message: error.to_string(),
+                    param: Some("den_instance".into()),
+                    code: "instance_not_found",
+                };
+            }
+            SubmitError::InstanceModel { .. } => {
+                return ApiError::invalid("den_instance", "invalid_value", error.to_string());
+            }
         };
         ApiError::server(status, code, error.to_string())
     }

@@ -46,7 +46,7 @@ use tokio::task::JoinHandle;
 use den_protocol::chunk::DEFAULT_CHUNK_SIZE;
 use den_protocol::decision::DecisionRecord;
 use den_protocol::discovery::Discovery;
-use den_protocol::ids::{NodeId, RequestId, WorkerId};
+use den_protocol::ids::{ModelFingerprint, NodeId, RequestId, WorkerId};
 use den_protocol::observation::Observation;
 use den_protocol::request::GenerationRequest;
 use den_protocol::router::RouterConfig;
@@ -119,6 +119,8 @@ pub(crate) struct Shared {
     /// them is refused instead of being silently ignored by the machine.
     known: Mutex<BTreeSet<RequestId>>,
     models: RwLock<Vec<ServedModel>>,
+    /// Placed instances and the model fingerprint each serves (for `?den_instance=`).
+    instances: RwLock<BTreeMap<String, ModelFingerprint>>,
     shutting_down: AtomicBool,
     next_connection: AtomicU64,
     next_request: AtomicU64,
@@ -140,6 +142,10 @@ impl Shared {
 
     pub(crate) fn set_models(&self, models: Vec<ServedModel>) {
         *self.models.write().unwrap_or_else(|p| p.into_inner()) = models;
+    }
+
+    pub(crate) fn set_instances(&self, instances: BTreeMap<String, ModelFingerprint>) {
+        *self.instances.write().unwrap_or_else(|p| p.into_inner()) = instances;
     }
 
     pub(crate) fn served_by(&self) -> MutexGuard<'_, BTreeMap<RequestId, String>> {
@@ -297,6 +303,26 @@ impl Submitter for RouterHandle {
         request: GenerationRequest,
         instance: Option<&str>,
     ) -> Result<DeliveryStream, SubmitError> {
+        if let Some(instance) = instance {
+            let serves = self
+                .shared
+                .instances
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(instance)
+                .cloned();
+            match serves {
+                None => return Err(SubmitError::UnknownInstance(instance.to_owned())),
+                Some(f) if f != request.model => {
+                    return Err(SubmitError::InstanceModel {
+                        instance: instance.to_owned(),
+                        serves: f.public_id().to_owned(),
+                        asked: request.model.public_id().to_owned(),
+                    });
+                }
+                Some(_) => {}
+            }
+        }
         let pin = instance.map(den_protocol::skulk::InstanceId::from);
         self.submit_to(request, None, pin)
     }
@@ -350,6 +376,7 @@ impl RouterServer {
             metrics: Arc::new(Metrics::new()),
             known: Mutex::new(BTreeSet::new()),
             models: RwLock::new(Vec::new()),
+            instances: RwLock::new(BTreeMap::new()),
             shutting_down: AtomicBool::new(false),
             next_connection: AtomicU64::new(1),
             next_request: AtomicU64::new(1),

@@ -173,17 +173,33 @@ async fn manage_file_source_checksum_failure_then_retry_with_a_new_attempt() {
     assert_eq!(answer["served_by"], second.as_str(), "{answer}");
     let pinned = chat(&router, Some(second.as_str())).await;
     assert_eq!(pinned["served_by"], second.as_str(), "{pinned}");
-    // Pinned to an instance that does not exist: no worker may serve it.
-    let mut req = client()
-        .post(format!(
-            "{}/v1/chat/completions?den_instance=no-such-instance",
-            router.url
-        ))
-        .json(&json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}));
-    if let Some(t) = &router.token {
-        req = req.bearer_auth(t);
-    }
-    assert_eq!(req.send().await.unwrap().status().as_u16(), 503);
+    // Pinned to an instance that does not exist: a 404 saying so, no worker serves it.
+    let pinned_to = |instance: &str, model: &str| {
+        let mut req = client()
+            .post(format!(
+                "{}/v1/chat/completions?den_instance={instance}",
+                router.url
+            ))
+            .json(&json!({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}));
+        if let Some(t) = &router.token {
+            req = req.bearer_auth(t);
+        }
+        req.send()
+    };
+    let r = pinned_to("no-such-instance", MODEL).await.unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "instance_not_found", "{body}");
+    assert_eq!(body["error"]["param"], "den_instance", "{body}");
+    // Pinned to this instance but for another model: a 400, never silently ignored.
+    let r = pinned_to(second.as_str(), "den-synthetic").await.unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let body: Value = r.json().await.unwrap();
+    let msg = body["error"]["message"].as_str().unwrap_or("");
+    assert!(
+        msg.contains(MODEL) && msg.contains("den-synthetic"),
+        "{body}"
+    );
     let state = m
         .wait_state("the inference record", |s| {
             let r = s.inference.as_ref()?.get(&second)?;

@@ -137,6 +137,7 @@ impl RouterActor {
             })
             .collect();
         self.shared.set_models(models);
+        self.shared.set_instances(self.manager.instance_models());
     }
 
     pub(super) fn export_gauges(&self) {

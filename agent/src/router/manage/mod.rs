@@ -269,6 +269,17 @@ impl Manager {
         Some(id.clone())
     }
 
+    /// Every placed instance and the fingerprint of the model its card names.
+    pub fn instance_models(&self) -> std::collections::BTreeMap<String, ModelFingerprint> {
+        self.instances
+            .iter()
+            .filter_map(|(id, r)| {
+                let card = self.catalog.by_digest(&r.digest)?;
+                Some((id.as_str().to_owned(), card.fingerprint.clone()))
+            })
+            .collect()
+    }
+
     /// The worker that runs `instance`.
     pub fn worker_of(&self, instance: &InstanceId) -> Option<WorkerId> {
         self.instances.get(instance).map(|r| r.worker.clone())
