@@ -149,6 +149,7 @@ pub async fn serve(socket: WebSocket, handle: RouterHandle) {
     // still arrive on it and are fenced there.
     let silence = o.heartbeat_timeout.max(Duration::from_millis(1));
     let mut heard = false;
+    let mut unknown_logged = false;
     loop {
         let next = if heard {
             Ok(stream.next().await)
@@ -197,6 +198,21 @@ pub async fn serve(socket: WebSocket, handle: RouterHandle) {
                 break;
             }
             Ok(frame) => handle.send(Command::Frame { conn, frame }).await,
+            // A message type this router does not know (a newer peer's) passes: it is
+            // not a protocol violation of the frames both know (spec: unrelated messages
+            // pass unchanged). Logged once per connection, counted every time.
+            Err(CodecError::UnknownType { ty }) => {
+                if !unknown_logged {
+                    unknown_logged = true;
+                    tracing::debug!(worker = %hello.worker_id, conn = conn.0, "ignoring frames of unknown type {ty:?}");
+                }
+                handle.metrics().counter_add(
+                    "den_router_unknown_frames_total",
+                    "Frames of a message type this router does not know, passed over.",
+                    &[],
+                    1.0,
+                );
+            }
             Err(e) => {
                 tracing::warn!(worker = %hello.worker_id, conn = conn.0, "closing the connection: {e}");
                 let _ = outbound.try_send(Outbound::Refuse {

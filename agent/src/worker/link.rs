@@ -203,6 +203,7 @@ async fn session(
         writer.abort();
         return Ok("worker is shutting down".into());
     }
+    let mut unknown_logged = false;
     let reason = loop {
         let msg = tokio::select! {
             m = stream.next() => m,
@@ -238,6 +239,14 @@ async fn session(
                 let sent = events.send(LinkEvent::Inbound { conn, message }).await;
                 if sent.is_err() {
                     break "worker is shutting down".to_owned();
+                }
+            }
+            // A newer router's message type passes (spec: unrelated messages pass
+            // unchanged), logged once; a broken frame of a known type is an error.
+            Some(Err(den_protocol::wire::CodecError::UnknownType { ty })) => {
+                if !unknown_logged {
+                    unknown_logged = true;
+                    tracing::debug!("ignoring frames of unknown type {ty:?} from the router");
                 }
             }
             Some(Err(e)) => tracing::error!("ignoring a frame from the router: {e}"),

@@ -147,6 +147,28 @@ async fn agents_bad_tokens_versions_and_frames_are_refused_without_disturbing_ot
     ws.send(Message::text(big)).await.unwrap();
     expect_refused(&mut ws, "malformed", "exceeds the 65536-byte limit").await;
 
+    // A good hello, then a message type this router does not know (a newer peer's): it
+    // passes; the connection stays up (the second hello below is answered on it).
+    let mut ws = connect(&router, Some("tok")).await.unwrap();
+    ws.send(Message::text(hello(PROTOCOL_VERSION, "w-u")))
+        .await
+        .unwrap();
+    assert_eq!(next_json(&mut ws).await.unwrap()["type"], "welcome");
+    ws.send(Message::text(
+        json!({"type": "from-a-newer-den", "anything": [1, 2]}).to_string(),
+    ))
+    .await
+    .unwrap();
+    ws.send(Message::text(hello(PROTOCOL_VERSION, "w-u")))
+        .await
+        .unwrap();
+    expect_refused(&mut ws, "malformed", "only once").await;
+    let unknown = metric_sum(&router.metrics().await, "den_router_unknown_frames_total");
+    assert_eq!(
+        unknown, 1.0,
+        "the unknown frame was passed over and counted"
+    );
+
     // A second hello.
     let mut ws = connect(&router, Some("tok")).await.unwrap();
     ws.send(Message::text(hello(PROTOCOL_VERSION, "w-z")))
