@@ -243,12 +243,11 @@ async fn session(
             }
             // A newer router's message type passes (spec: unrelated messages pass
             // unchanged), logged once; a broken frame of a known type is an error.
-            Some(Err(den_protocol::wire::CodecError::UnknownType { ty })) => {
-                if !unknown_logged {
-                    unknown_logged = true;
-                    tracing::debug!("ignoring frames of unknown type {ty:?} from the router");
-                }
+            Some(Err(den_protocol::wire::CodecError::UnknownType { ty })) if !unknown_logged => {
+                unknown_logged = true;
+                tracing::debug!("ignoring frames of unknown type {ty:?} from the router");
             }
+            Some(Err(den_protocol::wire::CodecError::UnknownType { .. })) => {}
             Some(Err(e)) => tracing::error!("ignoring a frame from the router: {e}"),
         }
     };
