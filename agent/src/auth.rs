@@ -19,6 +19,47 @@ impl Token {
         if s.is_empty() { None } else { Some(Token(s)) }
     }
 
+    /// The token in `path` (its first line, surrounding whitespace removed), so no secret
+    /// needs to sit in argv or a unit file. One-line errors name the file; the token is
+    /// never in them.
+    pub fn from_file(path: &std::path::Path) -> Result<Token, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read the token file {}: {e}", path.display()))?;
+        let line = text.lines().next().unwrap_or("").trim();
+        if line.is_empty() {
+            return Err(format!(
+                "the token file {} is empty: write the token on its first line",
+                path.display()
+            ));
+        }
+        Ok(Token(line.to_owned()))
+    }
+
+    /// `--token` or `--token-file` (not both), flags and environment over the config file.
+    pub fn choose(
+        flag: Option<&str>,
+        flag_file: Option<&std::path::Path>,
+        file: Option<&str>,
+        file_file: Option<&std::path::Path>,
+    ) -> Result<Option<Token>, String> {
+        match (flag, flag_file) {
+            (Some(_), Some(_)) => {
+                return Err("give --token or --token-file, not both".into());
+            }
+            (Some(t), None) => return Ok(Token::new(t)),
+            (None, Some(p)) => return Token::from_file(p).map(Some),
+            (None, None) => {}
+        }
+        match (file, file_file) {
+            (Some(_), Some(_)) => {
+                Err("the config file gives both token and token_file: keep one".into())
+            }
+            (Some(t), None) => Ok(Token::new(t)),
+            (None, Some(p)) => Token::from_file(p).map(Some),
+            (None, None) => Ok(None),
+        }
+    }
+
     /// The secret itself, for putting into an outgoing `Authorization` header.
     pub fn expose(&self) -> &str {
         &self.0
@@ -103,5 +144,35 @@ mod tests {
     fn never_prints_the_secret() {
         let t = Token::new("s3cret").unwrap();
         assert!(!format!("{t:?} {t}").contains("s3cret"));
+    }
+}
+
+#[cfg(test)]
+mod token_file_tests {
+    use super::*;
+
+    #[test]
+    fn a_token_file_gives_its_first_line_and_errors_never_show_the_secret() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("token");
+        std::fs::write(&p, "  s3cret-token \nsecond line\n").unwrap();
+        assert_eq!(Token::from_file(&p).unwrap().expose(), "s3cret-token");
+        let empty = dir.path().join("empty");
+        std::fs::write(&empty, "\n").unwrap();
+        let e = Token::from_file(&empty).unwrap_err();
+        assert!(e.contains("empty") && e.contains("empty"), "{e}");
+        let e = Token::from_file(&dir.path().join("missing")).unwrap_err();
+        assert!(e.contains("missing") && !e.contains('\n'), "{e}");
+
+        // Flags over the file; a token and a file on one level is an error.
+        let chosen = Token::choose(None, Some(&p), Some("from-config"), None).unwrap();
+        assert_eq!(chosen.unwrap().expose(), "s3cret-token");
+        let chosen = Token::choose(None, None, None, Some(&p)).unwrap();
+        assert_eq!(chosen.unwrap().expose(), "s3cret-token");
+        assert!(Token::choose(Some("a"), Some(&p), None, None).is_err());
+        assert!(Token::choose(None, None, Some("a"), Some(&p)).is_err());
+        assert!(Token::choose(None, None, None, None).unwrap().is_none());
+        let e = Token::choose(None, Some(&empty), None, None).unwrap_err();
+        assert!(!e.contains("s3cret"), "{e}");
     }
 }

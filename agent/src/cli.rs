@@ -76,6 +76,9 @@ pub struct RouterArgs {
     /// `Authorization: Bearer TOKEN` (none: everyone is allowed; only for loopback).
     #[arg(long, env = "DEN_TOKEN", value_name = "TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// Read the shared token from this file's first line instead (keeps it out of argv).
+    #[arg(long, env = "DEN_TOKEN_FILE", value_name = "PATH")]
+    pub token_file: Option<PathBuf>,
     /// This router's name in the console feed [default: router].
     #[arg(long, env = "DEN_NAME", value_name = "NAME")]
     pub name: Option<String>,
@@ -140,6 +143,9 @@ pub struct WorkerArgs {
     /// The router's shared token.
     #[arg(long, env = "DEN_TOKEN", value_name = "TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// Read the shared token from this file's first line instead (keeps it out of argv).
+    #[arg(long, env = "DEN_TOKEN_FILE", value_name = "PATH")]
+    pub token_file: Option<PathBuf>,
     /// This worker's stable name [default: the host name].
     #[arg(long, env = "DEN_NAME", value_name = "NAME")]
     pub name: Option<String>,
@@ -315,6 +321,7 @@ fn size(s: &Option<Size>, key: &str) -> Result<Option<u64>, String> {
 pub struct RouterFile {
     pub listen: Option<SocketAddr>,
     pub token: Option<String>,
+    pub token_file: Option<PathBuf>,
     pub name: Option<String>,
     pub heartbeat_interval: Option<String>,
     pub heartbeat_timeout: Option<String>,
@@ -338,6 +345,7 @@ pub struct RouterFile {
 pub struct WorkerFile {
     pub router: Option<String>,
     pub token: Option<String>,
+    pub token_file: Option<PathBuf>,
     pub name: Option<String>,
     pub node: Option<String>,
     pub backend: Option<Backend>,
@@ -411,7 +419,12 @@ pub fn router_options(
                 .or(f.name.clone())
                 .unwrap_or_else(|| d.name.to_string()),
         ),
-        token: a.token.clone().or(f.token.clone()).and_then(Token::new),
+        token: Token::choose(
+            a.token.as_deref(),
+            a.token_file.as_deref(),
+            f.token.as_deref(),
+            f.token_file.as_deref(),
+        )?,
         heartbeat_interval: a
             .heartbeat_interval
             .or(dur(&f.heartbeat_interval, "router.heartbeat_interval")?)
@@ -529,7 +542,12 @@ pub fn worker_options(a: &WorkerArgs, f: &WorkerFile) -> Result<WorkerOptions, S
                 .join(format!("worker-{name}"))
         });
     let mut o = WorkerOptions::new(router, &name, data_dir);
-    o.token = a.token.clone().or(f.token.clone()).and_then(Token::new);
+    o.token = Token::choose(
+        a.token.as_deref(),
+        a.token_file.as_deref(),
+        f.token.as_deref(),
+        f.token_file.as_deref(),
+    )?;
     if let Some(node) = a.node.clone().or(f.node.clone()) {
         o.node = NodeId::new(node);
     }

@@ -50,6 +50,10 @@ pub struct CommonArgs {
         global = true
     )]
     pub token: Option<String>,
+    /// Read the token from this file's first line instead (keeps it out of argv and the
+    /// shell history).
+    #[arg(long, env = "DEN_TOKEN_FILE", value_name = "PATH", global = true)]
+    pub token_file: Option<PathBuf>,
     /// Colour theme: dark (default), light, high-contrast, a name under
     /// $XDG_CONFIG_HOME/den/themes, or a path to a .toml file.
     #[arg(long, env = "DEN_THEME", value_name = "NAME", global = true)]
@@ -172,6 +176,7 @@ pub struct FileConfig {
     #[serde(default)]
     pub skulk: Vec<String>,
     pub token: Option<String>,
+    pub token_file: Option<PathBuf>,
     pub theme: Option<String>,
     #[serde(default)]
     pub read_only: bool,
@@ -192,6 +197,8 @@ pub enum ConfigError {
     BadUrl { flag: &'static str, value: String },
     #[error("source name {0:?} is used twice: name sources with --skulk NAME=URL")]
     DuplicateName(String),
+    #[error("{0}")]
+    Token(String),
 }
 
 /// One configured source.
@@ -312,7 +319,14 @@ pub fn resolve(args: &CommonArgs, file: FileConfig) -> Result<Settings, ConfigEr
     };
     Ok(Settings {
         sources,
-        token: args.token.clone().or(file.token).filter(|t| !t.is_empty()),
+        token: den_agent::auth::Token::choose(
+            args.token.as_deref(),
+            args.token_file.as_deref(),
+            file.token.as_deref(),
+            file.token_file.as_deref(),
+        )
+        .map_err(ConfigError::Token)?
+        .map(|t| t.expose().to_owned()),
         theme: args
             .theme
             .clone()

@@ -14,3 +14,4 @@ mod router_fallback;
 mod storage_cuda;
 mod storage_restore;
 mod storage_s3;
+mod systemd_units;
