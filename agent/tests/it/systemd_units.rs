@@ -21,12 +21,11 @@ fn needed(text: &str) -> Vec<String> {
             if !f.starts_with('-') {
                 out.push(f.to_owned());
             }
-        } else if let Some(v) = line.strip_prefix("Environment=") {
-            if let Some((k, path)) = v.split_once('=')
-                && (k == "DEN_CONFIG" || k.ends_with("_FILE"))
-            {
-                out.push(path.to_owned());
-            }
+        } else if let Some(v) = line.strip_prefix("Environment=")
+            && let Some((k, path)) = v.split_once('=')
+            && (k == "DEN_CONFIG" || k.ends_with("_FILE"))
+        {
+            out.push(path.to_owned());
         }
     }
     out
