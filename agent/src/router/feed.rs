@@ -1,7 +1,9 @@
 //! One console feed subscriber (`GET /v1/console`, already authenticated): `hello`, a
 //! full snapshot, then every change as it is broadcast. A console that falls behind the
 //! broadcast buffer gets a fresh snapshot instead of the frames it missed, so it can
-//! always rebuild the whole picture.
+//! always rebuild the whole picture. A console that stops reading is dropped: a frame
+//! its socket has not taken within [`SEND_TIMEOUT`] closes the feed, so a reader that
+//! never reads holds one frame, not an ever-growing backlog.
 
 use axum::extract::ws::{Message, WebSocket};
 use futures_util::{SinkExt, StreamExt};
@@ -9,6 +11,9 @@ use tokio::sync::{broadcast, oneshot};
 
 use crate::router::RouterHandle;
 use crate::router::actor::Command;
+
+/// How long one frame may wait for a console's socket before the console is dropped.
+pub const SEND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 pub async fn serve(socket: WebSocket, handle: RouterHandle) {
     let (reply, rx) = oneshot::channel();
@@ -44,8 +49,19 @@ pub async fn serve(socket: WebSocket, handle: RouterHandle) {
                     }
                     Err(broadcast::error::RecvError::Closed) => break,
                 };
-                if sink.send(Message::text(text)).await.is_err() {
-                    break;
+                match tokio::time::timeout(SEND_TIMEOUT, sink.send(Message::text(text))).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_)) => break,
+                    Err(_) => {
+                        tracing::info!("dropping a console feed that stopped reading");
+                        handle.metrics().counter_add(
+                            "den_router_feed_dropped_total",
+                            "Console feeds closed because the console stopped reading.",
+                            &[],
+                            1.0,
+                        );
+                        return;
+                    }
                 }
             }
         }

@@ -371,7 +371,8 @@ impl RouterServer {
     /// Start the router actor (needs a tokio runtime).
     pub fn start(opts: RouterOptions) -> RouterServer {
         let (tx, rx) = mpsc::channel(INBOX);
-        let (feed, _) = broadcast::channel(4096);
+        // Bounded: a lagging console gets a fresh (bounded) snapshot instead of a backlog.
+        let (feed, _) = broadcast::channel(1024);
         let shared = Arc::new(Shared {
             metrics: Arc::new(Metrics::new()),
             known: Mutex::new(BTreeSet::new()),

@@ -50,3 +50,54 @@ async fn agents_idle_and_slow_header_sockets_are_reaped_and_capped() {
     let log = router.proc.log();
     assert!(log.contains("connection refused: over the limit"), "{log}");
 }
+
+/// The console feed's snapshot carries at most 256 decision records — every live one and
+/// the most recently finished — however many the retention window holds (it used to carry
+/// them all: 9 MB after ~1,900 requests, re-sent to every console).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_console_snapshots_are_bounded_to_the_recent_records() {
+    use futures_util::StreamExt;
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+
+    let router = start_router(None, &[]);
+    let _w = den_tests::agents::start_worker(&router, "w-feed", false, &[]);
+    router.wait_workers(&["w-feed"]).await;
+    let n = 300;
+    for i in 0..n {
+        let g = router
+            .generate(den_tests::agents::body(
+                &format!("feed-{i:03}"),
+                &den_tests::agents::prompt(i, 8),
+                1,
+            ))
+            .await;
+        assert_eq!(g.kind(), "completed");
+    }
+    let url = format!("{}/v1/console", router.url.replacen("http://", "ws://", 1));
+    let (mut ws, _) = tokio_tungstenite::connect_async(url.into_client_request().unwrap())
+        .await
+        .unwrap();
+    let mut snapshot = None;
+    while snapshot.is_none() {
+        let msg = tokio::time::timeout(Duration::from_secs(10), ws.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_str(msg.to_text().unwrap()).unwrap();
+        if v["type"] == "snapshot" {
+            snapshot = Some(v);
+        }
+    }
+    let snapshot = snapshot.unwrap();
+    let routes = snapshot["routes"].as_array().unwrap();
+    assert_eq!(routes.len(), 256, "{} records", routes.len());
+    let ids: Vec<&str> = routes
+        .iter()
+        .filter_map(|r| r["request"].as_str())
+        .collect();
+    assert!(ids.contains(&"feed-299"), "the newest is kept");
+    assert!(!ids.contains(&"feed-000"), "the oldest is left out");
+    // Still readable one at a time.
+    assert_eq!(router.record("feed-000").await["request"], "feed-000");
+}

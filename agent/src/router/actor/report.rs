@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// Decision records in one console-feed snapshot (see [`RouterActor::snapshot_frame`]).
+pub const FEED_SNAPSHOT_ROUTES: usize = 256;
+
 impl RouterActor {
     pub(super) fn on_decision(&mut self, e: DecisionEvent) {
         let m = Arc::clone(&self.shared.metrics);
@@ -95,11 +98,23 @@ impl RouterActor {
         }
     }
 
+    /// The console feed's snapshot: every worker, and the [`FEED_SNAPSHOT_ROUTES`] most
+    /// relevant decision records — every live one first, then the most recently finished
+    /// — never the whole retention window (≈ 27 KB a record: 1,900 of them made 9 MB
+    /// snapshots, re-sent to every console every few seconds). Older records stay
+    /// readable one at a time (`GET /v1/requests/{id}`).
     pub(super) fn snapshot_frame(&self) -> Arc<str> {
+        let mut routes: Vec<&den_protocol::decision::DecisionRecord> =
+            self.router.records().collect();
+        if routes.len() > FEED_SNAPSHOT_ROUTES {
+            routes.sort_by_key(|r| (r.outcome.is_none(), r.finished_at.unwrap_or(r.submitted_at)));
+            let surplus = routes.len() - FEED_SNAPSHOT_ROUTES;
+            routes.drain(..surplus);
+        }
         let frame = FeedMessage::Snapshot {
             at: self.now(),
             workers: self.discovery.registry().observations().cloned().collect(),
-            routes: self.router.records().cloned().collect(),
+            routes: routes.into_iter().cloned().collect(),
         };
         Arc::from(encode_feed(&frame))
     }
