@@ -173,6 +173,8 @@ async fn agents_real_gemma3_greedy_agrees_with_llama_cpp() {
     agrees_with_llama_cpp(GEMMA3).await;
 }
 
+/// Spec §7 K-3 on a real model: concurrent requests on one batched worker all complete,
+/// with their deltas, and steps carry several of them at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_real_model_batches_concurrent_requests_without_changing_them() {
     let Some(path) = model_file(SMOLLM2) else {

@@ -339,48 +339,33 @@ impl Device<'_, '_> {
         }))
     }
 
-    /// The step's rows: every decode's next token, then prompt rows (decodes' repairs
-    /// before prefills) while the token budget lasts.
+    /// The step's rows ([`plan_step`] over the scheduler's state).
     fn plan(&self, active: &[Active]) -> Vec<Part> {
-        let budget = self.ctx.config.batch_tokens.max(1);
-        let mut used = 0u32;
-        let mut parts = Vec::new();
+        let mut decodes = Vec::new();
+        let mut fillers = Vec::new();
         for (i, a) in active.iter().enumerate() {
-            if let Some(d) = &a.decoding {
-                let start = a.op.work.request.processed() + d.out.len() as u32;
-                parts.push(Part {
-                    active: i,
-                    start,
-                    count: 1,
-                    pending: None,
-                });
-                used += 1;
+            match &a.decoding {
+                Some(d) => decodes.push((i, a.op.work.request.processed() + d.out.len() as u32)),
+                None => {
+                    let have = self.route_len(&a.op.work.route);
+                    fillers.push(Filler {
+                        active: i,
+                        repair: a.op.kind == OperationKind::Decode,
+                        have,
+                        need: a.op.work.request.processed().saturating_sub(have),
+                    });
+                }
             }
         }
-        let mut fillers: Vec<usize> = (0..active.len())
-            .filter(|i| active[*i].decoding.is_none())
-            .collect();
-        fillers.sort_by_key(|i| active[*i].op.kind != OperationKind::Decode);
-        for i in fillers {
-            if used >= budget {
-                break;
-            }
-            let a = &active[i];
-            let have = self.route_len(&a.op.work.route);
-            let need = a.op.work.request.processed().saturating_sub(have);
-            let count = need.min(budget - used);
-            if count == 0 {
-                continue;
-            }
-            parts.push(Part {
-                active: i,
-                start: have,
+        plan_step(&decodes, &fillers, self.ctx.config.batch_tokens)
+            .into_iter()
+            .map(|(active, start, count)| Part {
+                active,
+                start,
                 count,
                 pending: None,
-            });
-            used += count;
-        }
-        parts
+            })
+            .collect()
     }
 
     /// Runs the step's rows through the model and samples each decode's next token (in
@@ -465,9 +450,96 @@ impl Device<'_, '_> {
     }
 }
 
+/// An assignment still writing prompt rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Filler {
+    pub active: usize,
+    /// A decode repairing a short restore (ahead of plain prefills).
+    pub repair: bool,
+    /// Rows the route holds; the next prompt row goes at `have`.
+    pub have: u32,
+    pub need: u32,
+}
+
+/// Prompt rows a step gives fillers even when decodes alone fill the budget, so a long
+/// queue of decodes never starves a prefill.
+pub(super) const MIN_PROMPT_ROWS: u32 = 16;
+
+/// One step's rows as (active index, first position, rows): every decode's next token
+/// (`decodes`: index and position, one row each), then prompt rows — repairs before
+/// prefills, each in arrival order — while `budget` lasts, and at least
+/// [`MIN_PROMPT_ROWS`] of them whatever the decodes took (spec §3: decode before repair
+/// before prefill, then arrival; prefill chunked).
+pub(super) fn plan_step(
+    decodes: &[(usize, u32)],
+    fillers: &[Filler],
+    budget: u32,
+) -> Vec<(usize, u32, u32)> {
+    let budget = budget.max(1);
+    let mut out: Vec<(usize, u32, u32)> = decodes.iter().map(|(i, pos)| (*i, *pos, 1)).collect();
+    let used = decodes.len() as u32;
+    let mut room = budget.saturating_sub(used).max(MIN_PROMPT_ROWS.min(budget));
+    let mut order: Vec<&Filler> = fillers.iter().collect();
+    order.sort_by_key(|f| (!f.repair, f.active));
+    for f in order {
+        if room == 0 {
+            break;
+        }
+        let count = f.need.min(room);
+        if count == 0 {
+            continue;
+        }
+        out.push((f.active, f.have, count));
+        room -= count;
+    }
+    out
+}
+
 fn stopped(kind: OperationKind, stop: Stop) -> OperationOutcome {
     match stop {
         Stop::Cancelled => failed(kind, "cancelled"),
         Stop::Failed(detail) => failed(kind, &detail),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn filler(active: usize, repair: bool, have: u32, need: u32) -> Filler {
+        Filler {
+            active,
+            repair,
+            have,
+            need,
+        }
+    }
+
+    #[test]
+    fn decodes_first_then_bounded_prefill() {
+        // The spec's case: two decodes and a long prefill in a 66-row budget: [1 1 64].
+        let plan = plan_step(&[(0, 40), (1, 7)], &[filler(2, false, 0, 500)], 66);
+        assert_eq!(plan, vec![(0, 40, 1), (1, 7, 1), (2, 0, 64)]);
+    }
+
+    #[test]
+    fn repairs_before_prefills_then_arrival_and_the_budget_is_shared() {
+        let fillers = [
+            filler(0, false, 0, 30),
+            filler(1, true, 16, 10),
+            filler(2, false, 0, 30),
+        ];
+        let plan = plan_step(&[], &fillers, 50);
+        assert_eq!(plan, vec![(1, 16, 10), (0, 0, 30), (2, 0, 10)]);
+        // Nothing left to write is skipped.
+        assert_eq!(plan_step(&[], &[filler(0, false, 8, 0)], 64), vec![]);
+    }
+
+    #[test]
+    fn decodes_never_starve_prefill() {
+        let decodes: Vec<(usize, u32)> = (0..80).map(|i| (i, 100)).collect();
+        let plan = plan_step(&decodes, &[filler(80, false, 0, 1000)], 64);
+        assert_eq!(plan.len(), 81, "every decode runs");
+        assert_eq!(plan[80], (80, 0, MIN_PROMPT_ROWS));
     }
 }
