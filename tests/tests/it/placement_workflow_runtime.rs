@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use den_console::commands::place::{
     FenceStore, PlaceArgs, PlaceDriver, PlaceError, PlaceOptions, Progress, ProgressNote,
-    ProgressSink, ResumeResult, exit_code, place, resume_all,
+    ProgressSink, ResumeResult, exit_code, place, place_with, resume_all,
 };
 use den_console::http::ManagementClient;
 use den_protocol::ids::NodeId;
@@ -462,4 +462,58 @@ async fn placement_runtime_declined_confirmation_writes_and_sends_nothing() {
     );
     assert_eq!(server.count("POST", "/instance"), 0);
     assert_eq!(fence_files(dir.path()), 0);
+}
+
+/// `den place` run again for the same intent after an interrupted (or uncertain) one
+/// finds that run's fence and reconciles it: no second `POST /instance`, the first
+/// submission ends placed.
+#[tokio::test]
+async fn placement_runtime_place_again_resumes_the_fence_of_the_same_intent() {
+    let server = server("placement_restart.json", &[]);
+    let dir = temp_dir().expect("tempdir");
+    let first = PlaceDriver::new(
+        client(&server, None),
+        FenceStore::open(dir.path()).expect("store"),
+        config(),
+    );
+    let running = tokio::spawn(first.place(request()));
+    assert!(
+        wait_until_async(Duration::from_secs(20), || server
+            .count("POST", "/instance")
+            == 1)
+        .await,
+        "the POST was never sent"
+    );
+    running.abort();
+    assert!(running.await.is_err());
+    assert_eq!(fence_files(dir.path()), 1);
+
+    let mut args = PlaceArgs::new(MODEL);
+    args.nodes = vec![NodeId::from(NODE)];
+    let (sink, notes) = recorder();
+    let outcome = place_with(
+        client(&server, None),
+        dir.path(),
+        &config(),
+        Duration::from_secs(10),
+        args,
+        sink,
+        None,
+    )
+    .await
+    .expect("outcome");
+    match &outcome {
+        Outcome::Placed { instance_id, .. } => assert_eq!(instance_id.as_str(), INSTANCE),
+        other => panic!("{other}"),
+    }
+    let recorded = requests(&server);
+    assert_eq!(count(&recorded, "POST", "/instance"), 1, "no second POST");
+    assert!(
+        notes
+            .lock()
+            .expect("lock")
+            .iter()
+            .any(|n| matches!(n.event, Progress::Note(Note::Resumed { .. })))
+    );
+    assert_eq!(fence_files(dir.path()), 0, "placed: the fence is cleared");
 }

@@ -160,9 +160,16 @@ pub async fn place_with(
         args.nodes.into_iter().collect()
     };
     let store = FenceStore::open(fence_dir)?;
+    // An earlier placement of this intent that ended uncertain (or was interrupted)
+    // left its fence: reconcile that submission instead of posting a second instance —
+    // the blind repeat the integration guide forbids.
+    let earlier = same_intent(&store.list()?, &client.origin(), &args.model, &nodes);
     let mut driver = PlaceDriver::new(client, store, workflow.clone())
         .with_probe_timeout(probe_timeout)
         .with_progress(progress);
+    if let Some(stored) = earlier {
+        return driver.resume(stored).await;
+    }
     if let Some(confirm) = confirm {
         driver = driver.with_confirmation(confirm);
     }
@@ -178,6 +185,22 @@ pub async fn place_with(
         hard_expiry,
     };
     driver.place(request).await
+}
+
+/// The stored fence of an earlier submission of the same intent (origin, model, node
+/// set), the newest when there are several.
+pub fn same_intent(
+    entries: &[FenceEntry],
+    origin: &str,
+    model: &ModelId,
+    nodes: &BTreeSet<NodeId>,
+) -> Option<StoredFence> {
+    entries
+        .iter()
+        .filter_map(|e| e.fence.as_ref().ok())
+        .filter(|s| s.origin == origin && &s.fence.model_id == model && &s.fence.nodes == nodes)
+        .max_by_key(|s| s.fence.created_at)
+        .cloned()
 }
 
 /// The node set `den place MODEL` targets without `--node`: the nodes of the first
