@@ -99,6 +99,14 @@ pub enum Sub {
     },
     /// Delete a model instance (DELETE /instance/ID on the management API).
     Delete { instance: String },
+    /// Reconcile every stored placement fence (uncertain or interrupted placements) with
+    /// the management API it was submitted to, never re-posting: each ends placed,
+    /// failed or still uncertain. Exit 0 when nothing is left uncertain or failed.
+    Reconcile {
+        /// One JSON object per fence on stdout.
+        #[arg(long)]
+        json: bool,
+    },
     /// Cancel a request at the den router.
     Cancel { request: String },
     /// Drain a den worker: no new offers, running work finishes.

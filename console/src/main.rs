@@ -65,6 +65,9 @@ fn main() -> ExitCode {
                 }
                 oneshot::run(&settings, Command::Place { model, nodes }, json).await
             }
+            Some(Sub::Reconcile { json }) => {
+                den_console::commands::reconcile::run(&settings, json).await
+            }
             Some(Sub::Delete { instance }) => {
                 oneshot::run(&settings, Command::Delete { instance }, false).await
             }

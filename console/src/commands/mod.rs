@@ -9,6 +9,7 @@
 
 pub mod oneshot;
 pub mod place;
+pub mod reconcile;
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -517,3 +517,66 @@ async fn placement_runtime_place_again_resumes_the_fence_of_the_same_intent() {
     );
     assert_eq!(fence_files(dir.path()), 0, "placed: the fence is cleared");
 }
+
+/// `den reconcile` resumes the fence an interrupted placement left, against the
+/// management API it was submitted to: placed, one POST in all, the fence cleared; run
+/// again, it finds nothing to do.
+#[tokio::test]
+async fn placement_runtime_den_reconcile_resolves_stored_fences() {
+    let server = server("placement_restart.json", &[]);
+    let state = temp_dir().expect("tempdir");
+    let fences = state.path().join("den").join("placement-fences");
+    let first = PlaceDriver::new(
+        client(&server, None),
+        FenceStore::open(&fences).expect("store"),
+        config(),
+    );
+    let running = tokio::spawn(first.place(request()));
+    assert!(
+        wait_until_async(Duration::from_secs(20), || server
+            .count("POST", "/instance")
+            == 1)
+        .await,
+        "the POST was never sent"
+    );
+    running.abort();
+    assert!(running.await.is_err());
+    assert_eq!(fence_files(&fences), 1);
+
+    let den = den_tests::process::binary("den").expect("the den binary");
+    let url = server.url();
+    let run = |den: std::path::PathBuf, home: std::path::PathBuf, url: String| async move {
+        tokio::task::spawn_blocking(move || {
+            std::process::Command::new(den)
+                .args(["--no-record", "--skulk", &url, "reconcile"])
+                .env("XDG_STATE_HOME", &home)
+                .env_remove("DEN_CONFIG")
+                .env_remove("DEN_TOKEN")
+                .env_remove("DEN_ROUTER")
+                .output()
+                .expect("den reconcile")
+        })
+        .await
+        .expect("joined")
+    };
+    let out = run(den.clone(), state.path().to_path_buf(), url.clone()).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains(&format!("{INSTANCE}: placed")), "{stdout}");
+    assert_eq!(
+        count(&requests(&server), "POST", "/instance"),
+        1,
+        "no second POST"
+    );
+    assert_eq!(fence_files(&fences), 0);
+    let again = run(den, state.path().to_path_buf(), url).await;
+    assert!(again.status.success());
+    assert!(
+        String::from_utf8_lossy(&again.stdout).contains("no stored placement fences"),
+        "{again:?}"
+    );
+}
