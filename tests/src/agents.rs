@@ -240,7 +240,8 @@ pub const SLOW_PREFILL: &[&str] = &[
 ];
 
 /// Start a worker `name` connected to `router`, with the base arguments, a fault-admin
-/// endpoint when `fault`, and `extra` arguments (later flags win).
+/// endpoint when `fault`, and `extra` arguments (which must not repeat a base flag: clap
+/// refuses a flag given twice).
 pub fn start_worker(router: &Router, name: &str, fault: bool, extra: &[&str]) -> Worker {
     start_worker_env(router, name, fault, extra, &[])
 }
