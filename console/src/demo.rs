@@ -270,8 +270,7 @@ async fn start_cluster(
         // Slow enough that queues, cache hits and restores are visible to a human.
         w.costs = EngineCosts::new(0.4, 12.0, 4.0).unwrap_or_default();
         if let Some(m) = model {
-            w.model_file = Some(m.path.clone());
-            w.models = vec![REAL_MODEL.into()];
+            w.opened_model = Some(m.clone());
             // The workers share this machine's cores.
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
             w.model_threads = Some((cores / opts.workers.max(1)).max(1));

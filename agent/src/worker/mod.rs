@@ -91,6 +91,9 @@ pub struct WorkerOptions {
     /// row size replaces `kv_bytes_per_token`, its context caps `max_context`, and the
     /// worker advertises its fingerprint `ID@KV` (see [`crate::model_file`]).
     pub model_file: Option<PathBuf>,
+    /// `model_file` already opened (an in-process cluster opens and hashes it once for
+    /// every worker and the router); wins over `model_file`.
+    pub opened_model: Option<ModelFile>,
     /// Threads of the model's forward pass (default: every core).
     pub model_threads: Option<usize>,
     /// Rows of one batched step of a real model (decode tokens first, then prompt rows).
@@ -133,6 +136,7 @@ impl WorkerOptions {
             kv_bytes_per_token: 4096,
             models: vec![ModelFingerprint::from(DEFAULT_MODEL)],
             model_file: None,
+            opened_model: None,
             model_threads: None,
             batch_tokens: DEFAULT_BATCH_TOKENS,
             costs: EngineCosts::default(),
@@ -227,29 +231,36 @@ pub async fn run(
     Ok(())
 }
 
-/// Opens the worker's model file (off the runtime: opening hashes every tensor) and makes
-/// the options describe it.
-async fn open_model(opts: &mut WorkerOptions, path: PathBuf) -> Result<ModelFile, WorkerError> {
+/// Opens the worker's model file (off the runtime: opening hashes every tensor), unless
+/// it came opened, and makes the options describe it.
+async fn open_model(opts: &mut WorkerOptions) -> Result<Option<ModelFile>, WorkerError> {
+    let model = match (opts.opened_model.take(), opts.model_file.clone()) {
+        (Some(m), _) => m,
+        (None, Some(path)) => {
+            if opts.models.len() > 1 {
+                return Err(WorkerError::Config(
+                    "--model-file serves one model: give at most one --model (its public id)"
+                        .into(),
+                ));
+            }
+            let id = opts
+                .models
+                .first()
+                .map(|m| m.as_str().to_owned())
+                .filter(|m| m != DEFAULT_MODEL);
+            tokio::task::spawn_blocking(move || ModelFile::open(&path, id.as_deref()))
+                .await
+                .map_err(|e| WorkerError::Config(format!("opening the model file panicked: {e}")))?
+                .map_err(WorkerError::Config)?
+        }
+        (None, None) => return Ok(None),
+    };
     if opts.backend != Backend::Host {
         return Err(WorkerError::Config(format!(
             "--model-file {}: real models run on the CPU over the host page arena for now; start the worker with --backend host",
-            path.display()
+            model.path.display()
         )));
     }
-    if opts.models.len() > 1 {
-        return Err(WorkerError::Config(
-            "--model-file serves one model: give at most one --model (its public id)".into(),
-        ));
-    }
-    let id = opts
-        .models
-        .first()
-        .map(|m| m.as_str().to_owned())
-        .filter(|m| m != DEFAULT_MODEL);
-    let model = tokio::task::spawn_blocking(move || ModelFile::open(&path, id.as_deref()))
-        .await
-        .map_err(|e| WorkerError::Config(format!("opening the model file panicked: {e}")))?
-        .map_err(WorkerError::Config)?;
     opts.kv_bytes_per_token = model.row_bytes();
     opts.models = vec![model.fingerprint().clone()];
     // The model's trained context, within what the pool holds (the default of a
@@ -267,20 +278,14 @@ async fn open_model(opts: &mut WorkerOptions, path: PathBuf) -> Result<ModelFile
         context,
         "model loaded"
     );
-    Ok(model)
+    Ok(Some(model))
 }
 
 /// Start a worker: advance the epoch, open memory and tiers, bind the metrics (and
 /// fault) endpoints, start the device thread, the router link and the actor.
 pub async fn start(mut opts: WorkerOptions) -> Result<RunningWorker, WorkerError> {
     let url = link::agents_url(&opts.router).map_err(WorkerError::Config)?;
-    let model_file = match opts.model_file.clone() {
-        Some(path) => {
-            let model = open_model(&mut opts, path).await?;
-            Some(model)
-        }
-        None => None,
-    };
+    let model_file = open_model(&mut opts).await?;
     if opts.models.is_empty() {
         return Err(WorkerError::Config(
             "no model: name at least one with --model".into(),
