@@ -308,17 +308,15 @@ async fn placement_runtime_nothing_observed_before_the_deadline_is_uncertain() {
     assert!(kept.fence.reconcile_deadline > kept.fence.created_at);
 }
 
-#[tokio::test]
-async fn placement_runtime_fence_survives_a_restart() {
-    let server = server("placement_restart.json", &[]);
-    let dir = temp_dir().expect("tempdir");
+/// A placement into `fences` killed once its fence is on disk and its `POST /instance`
+/// reached the server, with the response outstanding (a process that died mid-submit).
+async fn interrupted_placement(server: &FixtureServer, fences: &Path) {
     let first = PlaceDriver::new(
-        client(&server, None),
-        FenceStore::open(dir.path()).expect("store"),
+        client(server, None),
+        FenceStore::open(fences).expect("store"),
         config(),
     );
     let running = tokio::spawn(first.place(request()));
-    // run until the fence is persisted and the POST has reached the server…
     assert!(
         wait_until_async(Duration::from_secs(20), || server
             .count("POST", "/instance")
@@ -326,10 +324,16 @@ async fn placement_runtime_fence_survives_a_restart() {
         .await,
         "the POST was never sent"
     );
-    // …then the process dies with the response outstanding
     running.abort();
     assert!(running.await.is_err(), "the first driver was stopped");
-    assert_eq!(fence_files(dir.path()), 1, "the fence is on disk");
+    assert_eq!(fence_files(fences), 1, "the fence is on disk");
+}
+
+#[tokio::test]
+async fn placement_runtime_fence_survives_a_restart() {
+    let server = server("placement_restart.json", &[]);
+    let dir = temp_dir().expect("tempdir");
+    interrupted_placement(&server, dir.path()).await;
 
     // a new driver resumes every fence straight into reconciliation
     let (sink, notes) = recorder();
@@ -471,22 +475,7 @@ async fn placement_runtime_declined_confirmation_writes_and_sends_nothing() {
 async fn placement_runtime_place_again_resumes_the_fence_of_the_same_intent() {
     let server = server("placement_restart.json", &[]);
     let dir = temp_dir().expect("tempdir");
-    let first = PlaceDriver::new(
-        client(&server, None),
-        FenceStore::open(dir.path()).expect("store"),
-        config(),
-    );
-    let running = tokio::spawn(first.place(request()));
-    assert!(
-        wait_until_async(Duration::from_secs(20), || server
-            .count("POST", "/instance")
-            == 1)
-        .await,
-        "the POST was never sent"
-    );
-    running.abort();
-    assert!(running.await.is_err());
-    assert_eq!(fence_files(dir.path()), 1);
+    interrupted_placement(&server, dir.path()).await;
 
     let mut args = PlaceArgs::new(MODEL);
     args.nodes = vec![NodeId::from(NODE)];
@@ -526,22 +515,7 @@ async fn placement_runtime_den_reconcile_resolves_stored_fences() {
     let server = server("placement_restart.json", &[]);
     let state = temp_dir().expect("tempdir");
     let fences = state.path().join("den").join("placement-fences");
-    let first = PlaceDriver::new(
-        client(&server, None),
-        FenceStore::open(&fences).expect("store"),
-        config(),
-    );
-    let running = tokio::spawn(first.place(request()));
-    assert!(
-        wait_until_async(Duration::from_secs(20), || server
-            .count("POST", "/instance")
-            == 1)
-        .await,
-        "the POST was never sent"
-    );
-    running.abort();
-    assert!(running.await.is_err());
-    assert_eq!(fence_files(&fences), 1);
+    interrupted_placement(&server, &fences).await;
 
     let den = den_tests::process::binary("den").expect("the den binary");
     let url = server.url();
