@@ -27,7 +27,8 @@ const DEBUG: bool = cfg!(debug_assertions);
 pub(crate) const SMOL: &str = "smollm2-135m-instruct-q4_1.gguf";
 pub(crate) const GEMMA: &str = "gemma-3-270m-q4_k_m.gguf";
 
-fn open(dir: &Path, file: &str) -> GgufFile {
+/// `dir/file`, opened (a missing file says how to fetch it). Also used by `dequant.rs`.
+pub(crate) fn open(dir: &Path, file: &str) -> GgufFile {
     let path = dir.join(file);
     assert!(
         path.is_file(),

@@ -278,21 +278,7 @@ fn errors_are_one_line_and_name_the_file() {
 
 // --- the real models against llama.cpp --------------------------------------------------
 
-/// The models directory, or `None` (after printing "skipped: ...") when not configured.
-pub fn models_dir(test: &str) -> Option<PathBuf> {
-    match std::env::var_os("DEN_TEST_MODELS") {
-        Some(dir) if !dir.is_empty() => Some(PathBuf::from(dir)),
-        _ if std::env::var("DEN_TEST_REQUIRE_ALL").as_deref() == Ok("1") => panic!(
-            "{test}: DEN_TEST_MODELS is not set and DEN_TEST_REQUIRE_ALL=1: run tests/fetch-models and export the DEN_TEST_MODELS it prints"
-        ),
-        _ => {
-            eprintln!(
-                "skipped: {test}: DEN_TEST_MODELS is not set (run tests/fetch-models, then export DEN_TEST_MODELS)"
-            );
-            None
-        }
-    }
-}
+use crate::dequant::models_dir;
 
 pub fn model_file(dir: &std::path::Path, name: &str) -> PathBuf {
     let path = dir.join(name);
