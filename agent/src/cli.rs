@@ -110,6 +110,10 @@ pub struct RouterArgs {
     /// see agent/catalog/README.md [default: none, nothing can be placed].
     #[arg(long, env = "DEN_CATALOG", value_name = "DIR")]
     pub catalog: Option<PathBuf>,
+    /// Where the router keeps its copy of each remote gguf card's file (it tokenizes with
+    /// it) [default: ~/.cache/den/catalog].
+    #[arg(long, env = "DEN_CATALOG_CACHE", value_name = "DIR")]
+    pub catalog_cache: Option<PathBuf>,
     /// A GGUF model the workers serve, as `[ID=]PATH` (the same file, the same `--model`
     /// id): the router tokenizes prompts and renders chats for it; repeat for several
     /// (env: comma-separated).
@@ -332,6 +336,7 @@ pub struct RouterFile {
     pub max_frame: Option<Size>,
     pub drain_timeout: Option<String>,
     pub catalog: Option<PathBuf>,
+    pub catalog_cache: Option<PathBuf>,
     #[serde(default)]
     pub model_files: Vec<String>,
     pub max_connections: Option<usize>,
@@ -458,6 +463,11 @@ pub fn router_options(
             }
             None => d.catalog,
         },
+        catalog_cache: a
+            .catalog_cache
+            .clone()
+            .or(f.catalog_cache.clone())
+            .unwrap_or(d.catalog_cache),
         text_models: {
             let specs = if a.model_files.is_empty() {
                 &f.model_files

@@ -44,10 +44,13 @@ fn main() -> ExitCode {
 }
 
 async fn router(args: &cli::RouterArgs, file: &FileConfig) -> ExitCode {
-    let (listen, opts) = match cli::router_options(args, &file.router) {
+    let (listen, mut opts) = match cli::router_options(args, &file.router) {
         Ok(x) => x,
         Err(e) => return fail(2, &e),
     };
+    if let Err(e) = den_agent::router::manage::gguf_cards::resolve(&mut opts).await {
+        return fail(2, &e);
+    }
     if opts.token.is_none() && !listen.ip().is_loopback() {
         tracing::warn!(
             %listen,

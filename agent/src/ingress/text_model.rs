@@ -30,7 +30,7 @@ use super::text::TextStream;
 use crate::model_file::{ModelFile, ModelText, generation_config};
 
 /// The real models this router can tokenize for, by fingerprint.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct TextModels {
     models: BTreeMap<ModelFingerprint, Arc<ModelText>>,
 }

@@ -80,6 +80,8 @@ pub struct RouterOptions {
     pub drain_timeout: Duration,
     /// The model catalog of the management API (`--catalog DIR`; empty by default).
     pub catalog: Arc<manage::ModelCatalog>,
+    /// Where the router keeps its copies of remote gguf cards' files (`--catalog-cache`).
+    pub catalog_cache: std::path::PathBuf,
     /// Tokenizers and chat templates of the real models served (`--model-file`).
     pub text_models: Arc<crate::ingress::TextModels>,
     /// Connections the listener admits and how long they may stay silent.
@@ -102,6 +104,7 @@ impl Default for RouterOptions {
             snapshot_interval: Duration::from_secs(5),
             drain_timeout: Duration::from_secs(30),
             catalog: Arc::new(manage::ModelCatalog::default()),
+            catalog_cache: manage::gguf_cards::default_cache(),
             text_models: Arc::new(crate::ingress::TextModels::new()),
             limits: crate::listener::Limits::default(),
         }

@@ -356,30 +356,27 @@ pub async fn start(mut opts: WorkerOptions) -> Result<RunningWorker, WorkerError
     let faults = Arc::new(Faults::default());
     let totals = Arc::new(Mutex::new(Default::default()));
     let (device_tx, device_rx) = mpsc::unbounded_channel();
-    let device = device::spawn(
-        memory,
-        DeviceContext {
-            pool: pool.clone(),
-            tiers: tiers.clone(),
-            runtime: tokio::runtime::Handle::current(),
-            events: device_tx,
-            config: DeviceConfig {
-                costs: opts.costs,
-                chunk_size: opts.chunk_size,
-                row_bytes: opts.kv_bytes_per_token,
-                verify_restores: opts.verify_restores,
-                batch_tokens: opts.batch_tokens,
-            },
-            metrics: Arc::clone(&metrics),
-            calibration: Arc::clone(&calibration),
-            queue: Arc::clone(&queue),
-            faults: Arc::clone(&faults),
-            totals: Arc::clone(&totals),
+    let device_ctx = DeviceContext {
+        pool: pool.clone(),
+        tiers: tiers.clone(),
+        runtime: tokio::runtime::Handle::current(),
+        events: device_tx,
+        config: DeviceConfig {
+            costs: opts.costs,
+            chunk_size: opts.chunk_size,
+            row_bytes: opts.kv_bytes_per_token,
+            verify_restores: opts.verify_restores,
+            batch_tokens: opts.batch_tokens,
         },
-        model_file,
-        opts.model_threads,
-    )
-    .map_err(WorkerError::Config)?;
+        metrics: Arc::clone(&metrics),
+        calibration: Arc::clone(&calibration),
+        queue: Arc::clone(&queue),
+        faults: Arc::clone(&faults),
+        totals: Arc::clone(&totals),
+    };
+    let static_model = model_file.is_some();
+    let device = device::spawn(memory, device_ctx.clone(), model_file, opts.model_threads)
+        .map_err(WorkerError::Config)?;
     let (models_tx, models_rx) = mpsc::unbounded_channel();
     let models = models::Models::open(
         models::ModelsConfig {
@@ -388,6 +385,8 @@ pub async fn start(mut opts: WorkerOptions) -> Result<RunningWorker, WorkerError
             device: opts.device,
             page_size: opts.page_size,
             kv_budget: opts.kv_budget.unwrap_or_else(|| geometry.arena_bytes()),
+            model_threads: opts.model_threads,
+            static_model,
             worker: opts.name.clone(),
             epoch,
         },
@@ -470,6 +469,7 @@ pub async fn start(mut opts: WorkerOptions) -> Result<RunningWorker, WorkerError
         backend,
         epoch,
         models,
+        device_ctx,
     });
     let task = tokio::spawn(async move {
         actor

@@ -31,6 +31,23 @@ pub struct ArtifactFile {
     pub sha256: String,
 }
 
+/// What an artifact's files are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ArtifactFormat {
+    /// Bytes the synthetic engine holds but does not compute with (its stand-in weights).
+    #[default]
+    Opaque,
+    /// One GGUF file the runner loads and runs for real.
+    Gguf,
+}
+
+impl ArtifactFormat {
+    pub fn is_opaque(&self) -> bool {
+        *self == ArtifactFormat::Opaque
+    }
+}
+
 /// What a runner serves: the identity of the card, the KV geometry the page pool is
 /// sized from, and the files to download and verify.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -48,9 +65,20 @@ pub struct ModelArtifact {
     /// The card's context length (the runner never admits more).
     pub context_length: u64,
     pub files: Vec<ArtifactFile>,
+    /// Absent on the wire for opaque artifacts (what workers before it understood).
+    #[serde(default, skip_serializing_if = "ArtifactFormat::is_opaque")]
+    pub format: ArtifactFormat,
 }
 
 impl ModelArtifact {
+    /// The GGUF file of a `gguf` artifact.
+    pub fn gguf_file(&self) -> Option<&ArtifactFile> {
+        match self.format {
+            ArtifactFormat::Gguf => self.files.first(),
+            ArtifactFormat::Opaque => None,
+        }
+    }
+
     /// Bytes of every file together.
     pub fn total_bytes(&self) -> u64 {
         self.files
@@ -81,6 +109,14 @@ impl ModelArtifact {
         }
         if self.files.is_empty() {
             return bad("artifact.files", "an artifact has at least one file");
+        }
+        if self.format == ArtifactFormat::Gguf
+            && (self.files.len() != 1 || self.files.iter().any(|f| !f.path.ends_with(".gguf")))
+        {
+            return bad(
+                "artifact.files",
+                "a gguf artifact is exactly one file whose name ends in .gguf",
+            );
         }
         let mut seen = std::collections::BTreeSet::new();
         for f in &self.files {
@@ -169,6 +205,7 @@ mod tests {
                 bytes: 10,
                 sha256: "0".repeat(64),
             }],
+            format: ArtifactFormat::Opaque,
         }
     }
 
@@ -191,6 +228,22 @@ mod tests {
         let mut a = artifact();
         a.files.clear();
         assert_eq!(a.validate().unwrap_err().0, "artifact.files");
+    }
+
+    #[test]
+    fn a_gguf_artifact_is_one_gguf_file_and_opaque_stays_off_the_wire() {
+        let mut a = artifact();
+        a.format = ArtifactFormat::Gguf;
+        assert_eq!(a.validate().unwrap_err().0, "artifact.files");
+        a.files[0].path = "m/model.gguf".into();
+        assert_eq!(a.validate(), Ok(()));
+        assert_eq!(a.gguf_file().map(|f| f.path.as_str()), Some("m/model.gguf"));
+        let json = serde_json::to_value(&a).unwrap();
+        assert_eq!(json["format"], "gguf");
+        let opaque = serde_json::to_value(artifact()).unwrap();
+        assert!(opaque.get("format").is_none(), "{opaque}");
+        let back: ModelArtifact = serde_json::from_value(opaque).unwrap();
+        assert_eq!(back.format, ArtifactFormat::Opaque);
     }
 
     #[test]

@@ -61,7 +61,7 @@ pub use codec::{
     CodecError, Direction, MAX_NAME_BYTES, WorkerInbound, decode_for_router, decode_for_worker,
     encode,
 };
-pub use manage::{ArtifactFile, ModelArtifact, PlaceRunner, RemoveRunner};
+pub use manage::{ArtifactFile, ArtifactFormat, ModelArtifact, PlaceRunner, RemoveRunner};
 
 /// The control-channel protocol version spoken by this build. Bumped on any incompatible
 /// frame change; `hello` and `welcome` carry it.

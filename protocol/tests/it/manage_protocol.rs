@@ -38,6 +38,7 @@ fn artifact() -> ModelArtifact {
                 sha256: "2".repeat(64),
             },
         ],
+        format: Default::default(),
     }
 }
 

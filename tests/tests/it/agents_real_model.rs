@@ -126,12 +126,12 @@ async fn agrees_with_llama_cpp(file: &str) {
 }
 
 /// den-model run directly, with the worker's batch shapes.
-struct InProcess {
+pub(crate) struct InProcess {
     file: den_model::GgufFile,
 }
 
 impl InProcess {
-    fn open(path: &Path) -> InProcess {
+    pub(crate) fn open(path: &Path) -> InProcess {
         InProcess {
             file: den_model::GgufFile::open(path).unwrap(),
         }
@@ -139,7 +139,7 @@ impl InProcess {
 
     /// Greedy: every prompt token but the last prefilled 16 at a time (the worker's chunk
     /// size here), then one token per step from the last prompt token on.
-    fn greedy(&self, prompt: &[u64], n: usize) -> Vec<u64> {
+    pub(crate) fn greedy(&self, prompt: &[u64], n: usize) -> Vec<u64> {
         use den_model::{HostKvPages, Model, Runner, RunnerOptions, Sequence};
         let model = Model::load(&self.file).unwrap();
         let mut runner = Runner::new(&model, RunnerOptions::default()).unwrap();

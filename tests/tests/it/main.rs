@@ -19,6 +19,7 @@ mod console_tmux;
 mod manage_api;
 mod manage_console;
 mod manage_downloads;
+mod manage_real_model;
 mod placement_workflow_runtime;
 mod recording_cli;
 mod recording_crash;

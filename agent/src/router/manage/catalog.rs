@@ -27,10 +27,11 @@ use den_protocol::skulk::api::{ModelList, ModelListEntry, ModelRequirements};
 use den_protocol::skulk::model::CardPlacement;
 use den_protocol::skulk::{Memory, ModelCard, ModelId, RegistryCardId};
 use den_protocol::wire::manage::{check_relative_path, is_sha256_hex};
-use den_protocol::wire::{ArtifactFile, ModelArtifact};
+use den_protocol::wire::{ArtifactFile, ArtifactFormat, ModelArtifact};
 
 use crate::config::parse_bytes;
-use crate::tiers::ObjectUrl;
+use crate::model_file::ModelFile;
+use crate::worker::models::source::Source;
 
 /// Backends a card is compatible with when it names none.
 pub const DEFAULT_BACKENDS: &[&str] = &["host", "cuda"];
@@ -68,6 +69,10 @@ pub struct Card {
     pub memory_estimate: Option<u64>,
     pub backends: Vec<String>,
     pub required_capabilities: Vec<String>,
+    pub format: ArtifactFormat,
+    /// False for a gguf card until [`Card::resolve_gguf`] read its file (fingerprint, KV
+    /// geometry, context); the router resolves every card before it serves.
+    pub resolved: bool,
     pub digest: String,
 }
 
@@ -103,6 +108,14 @@ impl KvDtype {
 }
 
 impl KvGeometry {
+    /// A gguf card's geometry before its file was read.
+    pub const UNKNOWN: KvGeometry = KvGeometry {
+        layers: 0,
+        kv_heads: 0,
+        head_dim: 0,
+        dtype: KvDtype::F16,
+    };
+
     /// One token's K and V over every layer: `2 × layers × kv_heads × head_dim × dtype`.
     pub fn bytes_per_token(&self) -> u64 {
         2 * u64::from(self.layers)
@@ -231,14 +244,18 @@ struct RawCard {
     #[serde(default)]
     tasks: Option<Vec<String>>,
     source: String,
-    context_length: u64,
+    #[serde(default)]
+    format: Option<String>,
+    #[serde(default)]
+    context_length: Option<u64>,
     #[serde(default)]
     memory_estimate: Option<RawSize>,
     #[serde(default)]
     backends: Option<Vec<String>>,
     #[serde(default)]
     required_capabilities: Vec<String>,
-    kv: RawKv,
+    #[serde(default)]
+    kv: Option<RawKv>,
     files: Vec<RawFile>,
 }
 
@@ -282,6 +299,8 @@ struct Canonical<'a> {
     memory_estimate: Option<u64>,
     backends: &'a [String],
     required_capabilities: &'a [String],
+    #[serde(skip_serializing_if = "ArtifactFormat::is_opaque")]
+    format: ArtifactFormat,
 }
 
 impl Card {
@@ -303,6 +322,37 @@ impl Card {
         if model_id.is_empty() {
             return Err(key("model_id", "must not be empty".into()));
         }
+        let format = match raw.format.as_deref().map(str::trim) {
+            None | Some("opaque") => ArtifactFormat::Opaque,
+            Some("gguf") => ArtifactFormat::Gguf,
+            Some(other) => {
+                return Err(key(
+                    "format",
+                    format!("unknown format {other:?}: use gguf (a model den runs) or opaque"),
+                ));
+            }
+        };
+        let gguf = format == ArtifactFormat::Gguf;
+        if gguf {
+            // The file is the truth for these: a card that restated them could contradict it.
+            for (k, given) in [
+                ("fingerprint", raw.fingerprint.is_some()),
+                ("kv", raw.kv.is_some()),
+            ] {
+                if given {
+                    return Err(key(
+                        k,
+                        "a gguf card takes it from the file (the router computes it at start): remove it".into(),
+                    ));
+                }
+            }
+            if raw.files.len() != 1 || raw.files.iter().any(|f| !f.path.ends_with(".gguf")) {
+                return Err(key(
+                    "files",
+                    "a gguf card lists exactly one file, whose name ends in .gguf".into(),
+                ));
+            }
+        }
         let fingerprint = raw
             .fingerprint
             .map(|f| f.trim().to_owned())
@@ -319,21 +369,41 @@ impl Card {
             }
             other => other,
         };
-        for (name, v) in [
-            ("kv.layers", raw.kv.layers),
-            ("kv.kv_heads", raw.kv.kv_heads),
-            ("kv.head_dim", raw.kv.head_dim),
-        ] {
-            if v == 0 {
-                return Err(key(name, "must be > 0".into()));
+        let kv = match raw.kv {
+            Some(kv) => {
+                for (name, v) in [
+                    ("kv.layers", kv.layers),
+                    ("kv.kv_heads", kv.kv_heads),
+                    ("kv.head_dim", kv.head_dim),
+                ] {
+                    if v == 0 {
+                        return Err(key(name, "must be > 0".into()));
+                    }
+                }
+                KvGeometry {
+                    layers: kv.layers,
+                    kv_heads: kv.kv_heads,
+                    head_dim: kv.head_dim,
+                    dtype: kv.dtype,
+                }
             }
-        }
-        if raw.context_length == 0 {
-            return Err(key("context_length", "must be > 0".into()));
-        }
-        raw.source
-            .parse::<ObjectUrl>()
-            .map_err(|e| key("source", e.reason))?;
+            // Filled in from the file by `resolve_gguf`.
+            None if gguf => KvGeometry::UNKNOWN,
+            None => {
+                return Err(key(
+                    "kv",
+                    "missing: layers, kv_heads, head_dim, dtype".into(),
+                ));
+            }
+        };
+        let context_length = match raw.context_length {
+            Some(0) => return Err(key("context_length", "must be > 0".into())),
+            Some(n) => n,
+            // The file's (`resolve_gguf`).
+            None if gguf => u64::MAX,
+            None => return Err(key("context_length", "missing".into())),
+        };
+        Source::parse(&raw.source).map_err(|e| key("source", e))?;
         if raw.files.is_empty() {
             return Err(key(
                 "files",
@@ -387,12 +457,6 @@ impl Card {
         let tasks = raw
             .tasks
             .unwrap_or_else(|| vec!["TextGeneration".to_owned()]);
-        let kv = KvGeometry {
-            layers: raw.kv.layers,
-            kv_heads: raw.kv.kv_heads,
-            head_dim: raw.kv.head_dim,
-            dtype: raw.kv.dtype,
-        };
         let mut card = Card {
             file: file.to_path_buf(),
             model_id: ModelId::new(model_id),
@@ -403,12 +467,14 @@ impl Card {
             hidden_size: raw.hidden_size,
             tasks,
             kv,
-            context_length: raw.context_length,
+            context_length,
             files,
             source: raw.source.trim().to_owned(),
             memory_estimate,
             backends,
             required_capabilities: raw.required_capabilities,
+            format,
+            resolved: !gguf,
             digest: String::new(),
         };
         card.digest = card.compute_digest();
@@ -430,10 +496,42 @@ impl Card {
             memory_estimate: self.memory_estimate,
             backends: &self.backends,
             required_capabilities: &self.required_capabilities,
+            format: self.format,
         };
         // Serialising plain structs of strings and integers cannot fail.
         let bytes = serde_json::to_vec(&canonical).unwrap_or_default();
         hex::encode(Sha256::digest(&bytes))
+    }
+
+    /// Fills a gguf card in from its opened file: the fingerprint `ID@KV` (the weights
+    /// and row layout), the KV geometry (f16 rows) and the context (the file's, or the
+    /// card's `context_length` when that is smaller); the digest is recomputed over them.
+    pub fn resolve_gguf(&mut self, model: &ModelFile) -> Result<(), CardError> {
+        let err = |message: String| CardError {
+            file: self.file.display().to_string(),
+            message,
+        };
+        if self.format != ArtifactFormat::Gguf {
+            return Err(err("not a gguf card".into()));
+        }
+        let trained = u64::from(model.text.context_length);
+        if self.context_length != u64::MAX && self.context_length > trained {
+            return Err(err(format!(
+                "key `context_length`: {} is more than the model's trained context of {trained} positions",
+                self.context_length
+            )));
+        }
+        self.context_length = self.context_length.min(trained);
+        self.fingerprint = model.fingerprint().clone();
+        self.kv = KvGeometry {
+            layers: model.layout.layers,
+            kv_heads: model.layout.kv_heads,
+            head_dim: model.layout.head_dim,
+            dtype: KvDtype::F16,
+        };
+        self.resolved = true;
+        self.digest = self.compute_digest();
+        Ok(())
     }
 
     /// Bytes of every artifact file.
@@ -454,6 +552,7 @@ impl Card {
             kv_bytes_per_token: self.kv.bytes_per_token(),
             context_length: self.context_length,
             files: self.files.clone(),
+            format: self.format,
         }
     }
 
@@ -649,6 +748,60 @@ sha256 = "ab5c1a8f0b6d2b7a1c8d4e5f60718293a4b5c6d7e8f90112233445566778899a"
         assert!(e.to_string().contains("f13"), "{e}");
         let e = parse(&CARD.replace("context_length = 2048\n", "")).unwrap_err();
         assert!(e.to_string().contains("context_length"), "{e}");
+    }
+
+    const GGUF_CARD: &str = r#"
+model_id = "smol"
+format = "gguf"
+source = "https://models.example/smol"
+
+[[files]]
+path = "smol.gguf"
+bytes = 1024
+sha256 = "ab5c1a8f0b6d2b7a1c8d4e5f60718293a4b5c6d7e8f90112233445566778899a"
+"#;
+
+    #[test]
+    fn a_gguf_card_waits_for_its_file_and_may_not_restate_it() {
+        let card = parse(GGUF_CARD).unwrap();
+        assert_eq!(card.format, ArtifactFormat::Gguf);
+        assert!(!card.resolved, "resolved only from the file");
+        assert_eq!(card.artifact().format, ArtifactFormat::Gguf);
+        let opaque = parse(CARD).unwrap();
+        assert!(opaque.resolved);
+        let with_kv =
+            format!("{GGUF_CARD}\n[kv]\nlayers = 1\nkv_heads = 1\nhead_dim = 1\ndtype = \"f16\"\n");
+        let e = parse(&with_kv).unwrap_err().to_string();
+        assert!(e.contains("key `kv`") && e.contains("from the file"), "{e}");
+        let e = parse(&GGUF_CARD.replace(
+            "model_id = \"smol\"",
+            "model_id = \"smol\"\nfingerprint = \"x\"",
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("key `fingerprint`"), "{e}");
+        let e = parse(&GGUF_CARD.replace("smol.gguf", "smol.bin"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("key `files`") && e.contains(".gguf"), "{e}");
+        let e = parse(&GGUF_CARD.replace("\"gguf\"", "\"onnx\""))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("key `format`") && e.contains("onnx"), "{e}");
+        // An opaque card still needs its geometry.
+        let e = parse(&CARD.replace("[kv]", "[kv_]"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("kv"), "{e}");
+        // Sources: absolute directories and http(s) bases too.
+        assert!(parse(&CARD.replace("file:///var", "/var")).is_ok());
+        assert!(
+            parse(&CARD.replace(
+                "file:///var/lib/den/artifacts/tiny",
+                "http://127.0.0.1:8000/tiny"
+            ))
+            .is_ok()
+        );
     }
 
     #[test]

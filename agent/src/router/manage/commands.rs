@@ -59,6 +59,16 @@ impl Manager {
                     ),
                 )
             })?;
+        if !card.resolved {
+            return Err(Refusal::new(
+                503,
+                "card_unresolved",
+                format!(
+                    "model {}'s GGUF file was not read by this router (gguf_cards::resolve runs at start): restart the router",
+                    card.model_id
+                ),
+            ));
+        }
         let mut nodes = assignments.node_to_runner.iter();
         let (node, runner) = match (nodes.next(), nodes.next()) {
             (Some((n, r)), None) => (n.clone(), r.clone()),

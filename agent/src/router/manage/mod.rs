@@ -32,6 +32,7 @@
 
 pub mod catalog;
 mod commands;
+pub mod gguf_cards;
 pub mod http;
 pub mod ids;
 mod preview;

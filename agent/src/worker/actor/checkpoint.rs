@@ -12,7 +12,7 @@ impl Actor {
         let request = &work.request;
         let cs = self.p.opts.chunk_size;
         let tiers = self.p.tiers.kinds();
-        let row_bytes = self.p.opts.kv_bytes_per_token;
+        let row_bytes = self.engine.row_bytes;
         let now = self.now();
         let mut pool = self.p.pool.lock();
         let Some(r) = pool.route(route) else {
@@ -143,7 +143,7 @@ impl Actor {
             return;
         }
         let (prefill, _, _) = self.costs();
-        let reload = tokens as f64 * self.p.opts.kv_bytes_per_token as f64
+        let reload = tokens as f64 * self.engine.row_bytes as f64
             / self
                 .tier_bytes_per_ms(Tier::Ram)
                 .unwrap_or(DEFAULT_RAM_BYTES_PER_MS);

@@ -47,7 +47,7 @@ use crate::memory::TransferTotals;
 use crate::metrics::{LATENCY_MS_BUCKETS, Metrics};
 use crate::tiers::{ChunkKey, ChunkMeta};
 use crate::worker::WorkerOptions;
-use crate::worker::device::{DeviceEvent, DeviceHandle, Job};
+use crate::worker::device::{DeviceContext, DeviceEvent, DeviceHandle, Job};
 use crate::worker::link::LinkEvent;
 use crate::worker::meters::{Calibration, QueueMeter};
 use crate::worker::models::{ModelEvent, Models};
@@ -56,6 +56,9 @@ use crate::worker::store::{self, BadReplica, CheckpointOutcome, ChunkIndex, Tier
 
 mod checkpoint;
 mod costs;
+mod engine;
+
+use engine::{EngineState, Switch};
 mod observe;
 
 impl Actor {
@@ -69,15 +72,19 @@ impl Actor {
             // Byte and layer counts ride on the regular heartbeat.
             return;
         }
+        self.plan_switch();
         self.models_changed();
     }
 
     /// Runners changed: advertise the static models plus every ready runner's, and tell
     /// the router soon.
     fn models_changed(&mut self) {
-        let mut models: BTreeSet<den_protocol::ids::ModelFingerprint> =
-            self.p.opts.models.iter().cloned().collect();
-        models.extend(self.p.models.ready_models());
+        let mut models: BTreeSet<den_protocol::ids::ModelFingerprint> = BTreeSet::new();
+        // While a switch waits for quiescence nothing is advertised: no new offers.
+        if self.switch.is_none() {
+            models.extend(self.engine.statics.iter().cloned());
+            models.extend(self.p.models.ready_models());
+        }
         if &models != self.p.machine.models() {
             tracing::info!(models = ?models, "serving models changed");
             let effects = self
@@ -142,6 +149,8 @@ pub struct ActorParts {
     pub epoch: Epoch,
     /// Downloads, installed artifacts and runners of placed models.
     pub models: Models,
+    /// What a new device thread is started with (an engine switch).
+    pub device_ctx: DeviceContext,
 }
 
 /// Where the actor's inputs come from.
@@ -203,6 +212,8 @@ pub struct Actor {
     /// A heartbeat is due soon because something routing depends on changed (a route
     /// became advertised or evictable); coalesces bursts.
     eager: Option<tokio::time::Instant>,
+    engine: EngineState,
+    switch: Option<Switch>,
 }
 
 /// How long an eager heartbeat waits for more changes to coalesce.
@@ -212,7 +223,6 @@ impl Actor {
     pub fn new(parts: ActorParts) -> Self {
         let (internal_tx, internal_rx) = mpsc::unbounded_channel();
         Actor {
-            p: parts,
             started: Instant::now(),
             link: None,
             heartbeat_every: Duration::from_secs(1),
@@ -227,6 +237,9 @@ impl Actor {
             internal_rx,
             exported: BTreeMap::new(),
             eager: None,
+            engine: EngineState::initial(&parts.opts),
+            switch: None,
+            p: parts,
         }
     }
 
@@ -245,6 +258,9 @@ impl Actor {
         loop {
             if draining && self.machine_idle() {
                 break;
+            }
+            if !draining {
+                self.try_switch();
             }
             if cancelled_all && tokio::time::Instant::now() >= drain_deadline + QUIESCE_GRACE {
                 tracing::error!(
@@ -367,6 +383,7 @@ impl Actor {
             }
             WorkerInbound::Control(Control::RemoveRunner(remove)) => {
                 self.p.models.remove(&remove);
+                self.plan_switch();
                 self.models_changed();
             }
             WorkerInbound::Welcome(_)

@@ -29,10 +29,7 @@ impl Actor {
         obs.sequence = self.sequence;
         obs.queue_ms = self.p.queue.remaining_ms();
         obs.page_size = o.page_size;
-        obs.max_context = o
-            .max_context
-            .unwrap_or_else(|| o.pages.saturating_mul(o.page_size))
-            .max(1);
+        obs.max_context = self.engine.max_context;
         let (prefill, first, _) = self.costs();
         obs.prefill_ms_per_token = prefill;
         obs.first_token_ms = first;

@@ -97,6 +97,7 @@ pub enum DeviceEvent {
 }
 
 /// Everything the device thread shares with the rest of the worker.
+#[derive(Clone)]
 pub struct DeviceContext {
     pub pool: SharedPool,
     pub tiers: Tiers,

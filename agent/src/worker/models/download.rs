@@ -1,5 +1,5 @@
-//! One download attempt: fetch every artifact file from its source through object_store
-//! (the object tier's URL and S3 settings), stream it into a staging directory while
+//! One download attempt: fetch every artifact file from its source ([`super::source`]:
+//! object_store with the object tier's URL and S3 settings, or HTTP), stream it into a staging directory while
 //! hashing it, verify its size and SHA-256, fsync, write the marker, and rename the
 //! staging directory into place (atomic), then fsync the models directory.
 //!
@@ -13,8 +13,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use object_store::ObjectStoreExt;
-use object_store::path::Path as ObjectPath;
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
@@ -24,8 +22,7 @@ use den_protocol::wire::ModelArtifact;
 
 use super::ModelEvent;
 use super::install::{Installed, MARKER, Marker, STAGING, file_path, sync_dir};
-use crate::tiers::ObjectConfig;
-use crate::tiers::object::open_store;
+use super::source::Source;
 
 /// How often progress is reported while bytes flow.
 const PROGRESS_EVERY: Duration = Duration::from_millis(100);
@@ -84,8 +81,7 @@ impl Progress<'_> {
 }
 
 async fn fetch(job: &DownloadJob, staging: &Path) -> Result<Installed, String> {
-    let config = ObjectConfig::from_url_and_env(&job.source).map_err(|e| e.to_string())?;
-    let (store, prefix) = open_store(&config).map_err(|e| format!("source {}: {e}", job.source))?;
+    let source = Source::parse(&job.source)?;
     tokio::fs::create_dir_all(staging)
         .await
         .map_err(|e| format!("cannot create {}: {e}", staging.display()))?;
@@ -98,22 +94,7 @@ async fn fetch(job: &DownloadJob, staging: &Path) -> Result<Installed, String> {
     };
     progress.report(true);
     for file in &job.artifact.files {
-        let location = if prefix.is_empty() {
-            ObjectPath::from(file.path.as_str())
-        } else {
-            ObjectPath::from(format!("{prefix}/{}", file.path))
-        };
-        let got = store.get(&location).await.map_err(|e| match e {
-            object_store::Error::NotFound { .. } => {
-                format!("{} is missing from the source {}", file.path, job.source)
-            }
-            other => format!(
-                "fetching {} from {} failed: {}",
-                file.path,
-                job.source,
-                one_line(&other.to_string())
-            ),
-        })?;
+        let mut stream = source.open(&file.path).await?;
         let target = file_path(staging, &file.path);
         if let Some(parent) = target.parent() {
             tokio::fs::create_dir_all(parent)
@@ -125,19 +106,11 @@ async fn fetch(job: &DownloadJob, staging: &Path) -> Result<Installed, String> {
             .map_err(|e| format!("cannot write {}: {e}", target.display()))?;
         let mut hasher = Sha256::new();
         let mut written: u64 = 0;
-        let mut stream = got.into_stream();
         while let Some(chunk) = stream.next().await {
             if job.cancel.load(Ordering::Relaxed) {
                 return Err("cancelled: the runner that needed it was removed".to_owned());
             }
-            let chunk = chunk.map_err(|e| {
-                format!(
-                    "reading {} from {} failed: {}",
-                    file.path,
-                    job.source,
-                    one_line(&e.to_string())
-                )
-            })?;
+            let chunk = chunk?;
             written = written.saturating_add(chunk.len() as u64);
             if written > file.bytes {
                 return Err(format!(
@@ -227,8 +200,4 @@ async fn finalize(job: &DownloadJob, staging: &Path) -> Result<Installed, String
     })
     .await
     .map_err(|e| format!("the installer stopped: {e}"))?
-}
-
-fn one_line(s: &str) -> String {
-    s.split_whitespace().collect::<Vec<_>>().join(" ")
 }

@@ -21,6 +21,7 @@
 pub mod download;
 pub mod install;
 pub mod runner;
+pub mod source;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -32,10 +33,10 @@ use tokio::sync::mpsc;
 use den_protocol::ids::{Epoch, ModelFingerprint, WorkerId};
 use den_protocol::observation::{DownloadReport, DownloadStage, RunnerReport, RunnerStage};
 use den_protocol::skulk::{AttemptId, RunnerId};
-use den_protocol::wire::{ModelArtifact, PlaceRunner, RemoveRunner};
+use den_protocol::wire::{ArtifactFormat, ModelArtifact, PlaceRunner, RemoveRunner};
 
 use self::install::Installed;
-use self::runner::{LoadError, LoadJob, Loaded};
+use self::runner::{LoadError, LoadJob, Loaded, RealEngine};
 use crate::router::manage::IdGen;
 use crate::worker::Backend;
 
@@ -77,6 +78,10 @@ pub struct ModelsConfig {
     pub page_size: u32,
     /// KV page pool budget of one runner.
     pub kv_budget: u64,
+    /// Threads of a placed real model's forward pass (`--model-threads`).
+    pub model_threads: Option<usize>,
+    /// The worker serves its own `--model-file`: a placed gguf model cannot take over.
+    pub static_model: bool,
     pub worker: WorkerId,
     pub epoch: Epoch,
 }
@@ -89,6 +94,9 @@ struct RunnerEntry {
     busy: bool,
     removing: bool,
     memory: Option<Loaded>,
+    /// Its model is what the worker serves (a gguf runner only once the device switched
+    /// to it; an opaque one as soon as it is loaded).
+    serving: bool,
 }
 
 struct Active {
@@ -169,6 +177,17 @@ impl Models {
             pool: None,
         };
         let runner = place.runner_id.clone();
+        if artifact.format == ArtifactFormat::Gguf && self.config.static_model {
+            report.stage = RunnerStage::Failed {
+                message: format!(
+                    "worker {} serves its own --model-file; a placed model needs a worker started without one",
+                    self.config.worker
+                ),
+                code: "runner_busy".to_owned(),
+            };
+            self.insert(place, report, false);
+            return;
+        }
         if let Some((other, _)) = self.runners.iter().find(|(_, e)| !e.removing) {
             report.stage = RunnerStage::Failed {
                 message: format!(
@@ -277,9 +296,45 @@ impl Models {
     pub fn ready_models(&self) -> BTreeSet<ModelFingerprint> {
         self.runners
             .values()
-            .filter(|e| e.memory.is_some() && !e.removing)
+            .filter(|e| e.memory.is_some() && e.serving && !e.removing)
             .map(|e| e.place.artifact.fingerprint.clone())
             .collect()
+    }
+
+    /// A loaded gguf runner's model, for the device to switch to (taken once).
+    pub fn take_engine(&mut self) -> Option<(RunnerId, RealEngine)> {
+        self.runners.iter_mut().find_map(|(id, e)| {
+            let engine = e.memory.as_mut().filter(|_| !e.removing)?.engine.take()?;
+            Some((id.clone(), engine))
+        })
+    }
+
+    /// Whether `runner` is still wanted (placed and not being removed).
+    pub fn wants(&self, runner: &RunnerId) -> bool {
+        self.runners.get(runner).is_some_and(|e| !e.removing)
+    }
+
+    /// The device serves `runner`'s model now: it is ready.
+    pub fn set_serving(&mut self, runner: &RunnerId) {
+        if let Some(e) = self.runners.get_mut(runner) {
+            e.serving = true;
+            e.report.stage = RunnerStage::Ready;
+            tracing::info!(%runner, model = %e.place.artifact.fingerprint, "runner ready: the device serves its model");
+        }
+    }
+
+    /// The device could not take `runner`'s model: it failed.
+    pub fn fail_runner(&mut self, runner: &RunnerId, message: String) {
+        if let Some(e) = self.runners.get_mut(runner) {
+            tracing::warn!(%runner, "runner failed: {message}");
+            e.memory = None;
+            e.serving = false;
+            e.report.pool = None;
+            e.report.stage = RunnerStage::Failed {
+                message,
+                code: "load_failed".to_owned(),
+            };
+        }
     }
 
     /// The heartbeat's reports; a ready runner whose model has live work is `Running`.
@@ -313,6 +368,7 @@ impl Models {
                 busy,
                 removing: false,
                 memory: None,
+                serving: false,
             },
         );
     }
@@ -449,6 +505,7 @@ impl Models {
             device: self.config.device,
             page_size: self.config.page_size,
             kv_budget: self.config.kv_budget,
+            threads: self.config.model_threads,
             cancel: Arc::clone(&entry.cancel),
             events: self.events.clone(),
         };
@@ -473,9 +530,15 @@ impl Models {
         }
         match result {
             Ok(loaded) => {
-                tracing::info!(%runner, pool = ?loaded.pool, "runner ready");
                 entry.report.pool = Some(loaded.pool);
-                entry.report.stage = RunnerStage::Ready;
+                if let Some(engine) = &loaded.engine {
+                    // Ready once the device switched to it (the worker actor takes it).
+                    tracing::info!(%runner, pool = ?loaded.pool, model = %engine.model.fingerprint(), probe = ?engine.probe, "runner loaded and probed");
+                } else {
+                    tracing::info!(%runner, pool = ?loaded.pool, "runner ready");
+                    entry.report.stage = RunnerStage::Ready;
+                    entry.serving = true;
+                }
                 entry.memory = Some(loaded);
                 true
             }

@@ -32,6 +32,7 @@ fn artifact(source: &Path) -> ModelArtifact {
         kv_bytes_per_token: 256,
         context_length: 1024,
         files,
+        format: Default::default(),
     }
 }
 
@@ -74,6 +75,8 @@ fn open_on(f: &Fixture, backend: Backend) -> (Models, mpsc::UnboundedReceiver<Mo
             device: 0,
             page_size: 16,
             kv_budget: 1 << 20,
+            model_threads: None,
+            static_model: false,
             worker: "w1".into(),
             epoch: Epoch(1),
         },
