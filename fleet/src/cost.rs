@@ -84,6 +84,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use den_protocol::engine_plan::{EnginePlan, StepCosts};
+
 pub use super::synthetic::SerialEngine;
 
 /// Microseconds of simulated time.
@@ -189,20 +191,39 @@ impl CostModel {
         decoding: u64,
         decode_context: u64,
     ) -> Micros {
+        self.step_costs().step_us(
+            prefill_tokens,
+            attention_positions,
+            decoding,
+            decode_context,
+        )
+    }
+
+    /// The step costs a worker of this model reports in its engine plan: dense compute
+    /// per row at the MFU, floored by one weight pass at the HBM efficiency, causal
+    /// attention per position, KV reads per decode context token; or, for a serial
+    /// engine, its declared costs. The simulator's steps take exactly this long.
+    pub fn step_costs(&self) -> StepCosts {
         if let Some(e) = &self.serial {
             // One operation after the other: no overlap between prefill and decode.
-            return ms_to_us(
-                prefill_tokens as f64 * e.prefill_ms_per_token
-                    + decoding as f64 * e.decode_ms_per_token,
-            );
+            return StepCosts::Serial {
+                prefill_us_per_token: e.prefill_ms_per_token * 1e3,
+                decode_us_per_sequence: e.decode_ms_per_token * 1e3,
+            };
         }
         let flops = self.peak_flops * self.mfu;
         let hbm = self.hbm_bytes_per_s * self.hbm_efficiency;
-        let dense = 2.0 * self.params * (prefill_tokens + decoding) as f64 / flops;
-        let weights = 2.0 * self.params / hbm;
-        let attention = self.attention_flops_per_position() * attention_positions / flops;
-        let kv_read = self.kv_bytes(decode_context) as f64 / hbm;
-        seconds_to_us(dense.max(weights) + attention + kv_read)
+        StepCosts::Batched {
+            row_us: 2.0 * self.params / flops * 1e6,
+            weights_pass_us: 2.0 * self.params / hbm * 1e6,
+            attention_us_per_position: self.attention_flops_per_position() / flops * 1e6,
+            context_us_per_token: self.kv_bytes_per_token as f64 / hbm * 1e6,
+        }
+    }
+
+    /// An idle engine plan of this model.
+    pub fn idle_plan(&self) -> EnginePlan {
+        EnginePlan::idle(self.max_batched_tokens, self.step_costs())
     }
 
     /// Attention FLOPs per (new token × earlier position): QKᵀ and AV, 2 FLOPs each.
@@ -248,11 +269,7 @@ impl CostModel {
 
 /// Σ of positions `start..end` (the causal attention span of a prefill chunk).
 pub fn positions(start: u32, end: u32) -> f64 {
-    if end <= start {
-        return 0.0;
-    }
-    let (s, e) = (start as f64, end as f64);
-    (e * (e - 1.0) - s * (s - 1.0)) / 2.0
+    den_protocol::engine_plan::positions(start, end)
 }
 
 /// Milliseconds as whole microseconds, to the nearest (0 for invalid values): declared

@@ -65,6 +65,7 @@ impl WorkerLoad {
             prefill_calibration: 1.0,
             prefill_ms_per_token: cost.solo_prefill_ms(0, 4096) / 4096.0,
             decode_step_ms: cost.step_us(0, 0.0, 1, 4096) as f64 / 1000.0,
+            plan: cost.idle_plan(),
             ..WorkerLoad::default()
         }
     }

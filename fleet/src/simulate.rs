@@ -10,7 +10,8 @@
 //!
 //! ```text
 //! den-fleet simulate [--trace FILE] [--workers 8|4,8,16] [--policies all|den,dynamo,…]
-//!                    [--json] [--limit N] [--no-object-store] [--explain K] [--den vN]
+//!                    [--json] [--limit N] [--no-object-store] [--explain K]
+//!                    [--den router|v1…v6]
 //!                    [--profile h100|synthetic]
 //! ```
 //!
@@ -67,9 +68,9 @@ pub struct SimulateArgs {
     /// against the best other policy.
     #[arg(long, value_name = "K", default_value_t = 0)]
     pub explain: usize,
-    /// Which iteration of den's policy to run (v1 … v6; `latest` is the newest; `router`
-    /// is the estimate den-agent's router computes, for the synthetic profile).
-    #[arg(long, value_name = "VERSION", default_value = "latest")]
+    /// Which den policy: `router` (what den-agent's router runs, the default) or a study
+    /// step v1 … v6 (the experiments BENCHMARKS.md lists; never what den-agent runs).
+    #[arg(long, value_name = "VERSION", default_value = "router")]
     pub den: String,
     /// The deployment: `h100` (Llama-3.1-8B on H100s with batched chunked prefill) or
     /// `synthetic` (den's synthetic engine, one operation at a time per worker).
@@ -87,7 +88,7 @@ impl Default for SimulateArgs {
             limit: None,
             no_object_store: false,
             explain: 0,
-            den: "latest".into(),
+            den: "router".into(),
             profile: "h100".into(),
         }
     }
@@ -110,7 +111,7 @@ pub fn run(args: &SimulateArgs) -> Result<String, String> {
     let policies = parse_policies(&args.policies).map_err(|e| e.to_string())?;
     let den = DenOptions::preset(args.den.trim()).ok_or_else(|| {
         format!(
-            "unknown --den {:?}: use v1, v2, v3, v4, v5, v6, latest or router",
+            "unknown --den {:?}: use router (den-agent's, the default) or a study step v1 … v6",
             args.den
         )
     })?;
@@ -171,6 +172,10 @@ pub fn run(args: &SimulateArgs) -> Result<String, String> {
             .map_err(|e| format!("cannot encode the reports as JSON: {e}"));
     }
     let mut out = String::new();
+    if policies.contains(&PolicyKind::Den) {
+        out.push_str(den.describe());
+        out.push_str("\n\n");
+    }
     for o in &outputs {
         out.push_str(&o.report.table());
         out.push_str(&time_split_text(&o.time_split));

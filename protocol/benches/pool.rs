@@ -143,6 +143,7 @@ mod admit {
             exact: true,
             source_continuation_id: source.map(RouteId::from),
             transfer: TransferCapabilities::default(),
+            imposed_ms: 0.0,
         };
         Offer {
             assignment: AssignmentId::new("bench-req", 1),

@@ -70,6 +70,7 @@ fn candidates(workers: usize) -> Vec<Candidate> {
                 exact: true,
                 source_continuation_id: None,
                 transfer: TransferCapabilities::default(),
+                imposed_ms: 0.0,
             });
         }
     }

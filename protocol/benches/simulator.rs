@@ -42,6 +42,7 @@ fn candidate(worker: usize, tier: Tier, cached: u32, queue_ms: f64) -> Candidate
         exact: true,
         source_continuation_id: None,
         transfer: TransferCapabilities::default(),
+        imposed_ms: 0.0,
     }
 }
 

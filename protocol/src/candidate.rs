@@ -105,6 +105,15 @@ pub struct Candidate {
     pub source_continuation_id: Option<RouteId>,
     #[serde(default)]
     pub transfer: TransferCapabilities,
+    /// The delay choosing it adds to the requests already pending on its worker, ms
+    /// ([`crate::engine_plan::price`]; 0 where the worker reports no engine plan). It
+    /// ranks with the candidate's own TTFT: mean TTFT is the sum of everyone's.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub imposed_ms: f64,
+}
+
+fn is_zero(v: &f64) -> bool {
+    *v == 0.0
 }
 
 fn yes() -> bool {
@@ -242,6 +251,13 @@ pub struct Scored {
     pub estimate: Estimate,
 }
 
+impl Scored {
+    /// What ranking minimises: own predicted TTFT plus the imposed delay.
+    pub fn cost_ms(&self) -> f64 {
+        self.estimate.ttft_ms + self.candidate.imposed_ms
+    }
+}
+
 /// The outcome of ranking: feasible candidates in offer order, and the infeasible ones
 /// with their reasons (kept for the decision record).
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -293,11 +309,11 @@ pub fn rank_shape(processed: u32, max_new: u32, candidates: Vec<Candidate>) -> R
     ranking
 }
 
-/// The total order in which feasible candidates are offered.
+/// The total order in which feasible candidates are offered: by fleet cost, the
+/// predicted TTFT plus the delay imposed on the worker's pending requests.
 pub fn offer_order(a: &Scored, b: &Scored) -> Ordering {
-    a.estimate
-        .ttft_ms
-        .total_cmp(&b.estimate.ttft_ms)
+    a.cost_ms()
+        .total_cmp(&b.cost_ms())
         .then_with(|| {
             b.candidate
                 .cached_token_count
@@ -338,6 +354,7 @@ pub(crate) mod tests {
             exact: true,
             source_continuation_id: None,
             transfer: TransferCapabilities::default(),
+            imposed_ms: 0.0,
         }
     }
 

@@ -11,6 +11,7 @@
 use crate::candidate::{Candidate, Tier};
 use crate::chunk::{ChunkDescriptor, plan_chunks};
 use crate::chunk_catalog::{ChunkCatalog, ChunkEntry};
+use crate::engine_plan::{EnginePlan, price, replay};
 use crate::ids::ModelFingerprint;
 use crate::observation::Observation;
 use crate::request::GenerationRequest;
@@ -30,9 +31,36 @@ pub fn candidates_for<'a>(
     let run = catalog.matched_run(&request.model, &plan);
     let mut out = Vec::new();
     for obs in observations {
-        out.extend(worker_candidates(request, &plan, &run, obs, catalog));
+        let mut mine = worker_candidates(request, &plan, &run, obs, catalog);
+        if let Some(engine) = &obs.engine {
+            price_all(engine, request, &mut mine);
+        }
+        out.extend(mine);
     }
     out
+}
+
+/// Prices one worker's candidates against the engine plan it reports: its queue is the
+/// replayed wait, its imposed delay what it adds to the worker's pending requests, and
+/// its own prefill the plan's cost of the missing tokens (so the estimate is the
+/// replayed finish whenever waiting, not the prefix load, comes first).
+pub fn price_all(engine: &EnginePlan, request: &GenerationRequest, candidates: &mut [Candidate]) {
+    let input = u32::try_from(request.tokens.len()).unwrap_or(u32::MAX);
+    price_shape(engine, input, request.processed(), candidates);
+}
+
+/// [`price_all`] for a request shape: `input` prompt tokens, `processed` of them with
+/// KV before the first token (the fleet simulator prices its requests with it).
+pub fn price_shape(engine: &EnginePlan, input: u32, processed: u32, candidates: &mut [Candidate]) {
+    let without = replay(engine, None).total_ms();
+    for c in candidates.iter_mut().filter(|c| c.online && c.model_loaded) {
+        let missing = processed.saturating_sub(c.cached_token_count);
+        if missing > 0 {
+            c.prefill_ms_per_token =
+                engine.solo_ms(c.cached_token_count, input) / f64::from(missing);
+        }
+        price(engine, without, c, input, processed);
+    }
 }
 
 fn worker_candidates(
@@ -107,6 +135,7 @@ fn base_candidate(request: &GenerationRequest, obs: &Observation) -> Candidate {
         exact: true,
         source_continuation_id: None,
         transfer: obs.transfer,
+        imposed_ms: 0.0,
     }
 }
 
@@ -179,6 +208,52 @@ mod tests {
             });
         }
         (request, obs, catalog)
+    }
+
+    #[test]
+    fn a_worker_reporting_its_engine_plan_is_priced_by_replaying_it() {
+        use crate::engine_plan::{EnginePlan, PendingPrefill, StepCosts};
+        let (request, mut busy, catalog) = fixture();
+        busy.worker_id = "busy".into();
+        busy.queue_ms = 0.0; // stale or unused: the plan decides
+        let costs = StepCosts::Batched {
+            row_us: 1_000.0,
+            weights_pass_us: 2_000.0,
+            attention_us_per_position: 0.0,
+            context_us_per_token: 0.0,
+        };
+        busy.engine = Some(EnginePlan {
+            pending: vec![PendingPrefill {
+                ready_in_ms: 0.0,
+                done_tokens: 0,
+                input_tokens: 10,
+            }],
+            ..EnginePlan::idle(8, costs)
+        });
+        let mut idle = busy.clone();
+        idle.worker_id = "idle".into();
+        idle.engine = Some(EnginePlan::idle(8, costs));
+        let all = candidates_for(&request, 2, [&busy, &idle], &catalog);
+        let recompute = |w: &str| {
+            all.iter()
+                .find(|c| c.worker_id.as_str() == w && c.tier == Tier::None)
+                .unwrap()
+                .clone()
+        };
+        // Idle: 7 prompt rows in one step of 7 ms, which samples the first token.
+        let i = recompute("idle");
+        let e = crate::candidate::estimate(&request, &i);
+        assert!((e.ttft_ms - 7.0).abs() < 1e-9, "{}", e.ttft_ms);
+        assert_eq!(i.imposed_ms, 0.0);
+        // Busy (budget 8): 8 pending rows (8 ms); its last 2 with 6 of the newcomer's
+        // (8 ms, ending the pending prefill at 16 instead of 10 ms alone); the
+        // newcomer's last row (the 2 ms weight pass): 18 ms, and 6 ms imposed.
+        let b = recompute("busy");
+        let e = crate::candidate::estimate(&request, &b);
+        assert!((e.ttft_ms - 18.0).abs() < 1e-9, "{}", e.ttft_ms);
+        assert!((b.imposed_ms - 6.0).abs() < 1e-9, "{}", b.imposed_ms);
+        let ranked = rank(&request, all);
+        assert_eq!(ranked.feasible[0].candidate.worker_id.as_str(), "idle");
     }
 
     fn ssd_replicas(catalog: &mut ChunkCatalog, request: &GenerationRequest, chunks: usize) {

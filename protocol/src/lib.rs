@@ -37,6 +37,7 @@ pub mod chunk;
 pub mod chunk_catalog;
 pub mod decision;
 pub mod discovery;
+pub mod engine_plan;
 pub mod evidence;
 pub mod feed;
 pub mod ids;

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::candidate::{Tier, TransferCapabilities};
 use crate::chunk::PrefixHash;
+use crate::engine_plan::{EnginePlan, StepCosts};
 use crate::ids::{Epoch, HeartbeatVersion, ModelFingerprint, NodeId, RouteId, WorkerId};
 use crate::skulk::{AttemptId, InstanceId, ModelId, RunnerId};
 
@@ -86,6 +87,10 @@ pub struct Observation {
     pub downloads: Vec<DownloadReport>,
     /// Runners of placed model instances (management API).
     pub runners: Vec<RunnerReport>,
+    /// A batching engine's scheduler state and measured step costs: the router prices
+    /// candidates by replaying it ([`crate::engine_plan`]) instead of `queue_ms`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<EnginePlan>,
 }
 
 /// One download attempt of a model artifact. Its id is unique; the transient and the
@@ -228,6 +233,7 @@ impl Observation {
             kv_budget_bytes: 0,
             downloads: Vec::new(),
             runners: Vec::new(),
+            engine: None,
         }
     }
 }
@@ -293,6 +299,8 @@ struct RawObservation {
     downloads: Vec<DownloadReport>,
     #[serde(default)]
     runners: Vec<RunnerReport>,
+    #[serde(default)]
+    engine: Option<EnginePlan>,
 }
 
 fn yes() -> bool {
@@ -335,6 +343,9 @@ impl TryFrom<RawObservation> for Observation {
             non_negative("tier_fixed_ms", *v)?;
         }
         validate_management(&r.downloads, &r.runners)?;
+        if let Some(plan) = &r.engine {
+            validate_engine(plan)?;
+        }
         Ok(Observation {
             worker_id: r.worker_id,
             node: r.node,
@@ -364,8 +375,53 @@ impl TryFrom<RawObservation> for Observation {
             kv_budget_bytes: r.kv_budget_bytes,
             downloads: r.downloads,
             runners: r.runners,
+            engine: r.engine,
         })
     }
+}
+
+/// Most pending prefills an engine plan may list: the router replays it for every
+/// candidate of every request, so its size is bounded like any network input.
+pub const MAX_PLAN_PENDING: usize = 1024;
+
+/// An engine plan: finite, non-negative numbers, a positive step budget, a bounded list.
+fn validate_engine(plan: &EnginePlan) -> Result<(), ObservationError> {
+    let bad = |what: String| Err(ObservationError::Management(what));
+    if plan.max_batched_tokens == 0 {
+        return bad("engine.max_batched_tokens must be > 0".into());
+    }
+    if plan.pending.len() > MAX_PLAN_PENDING {
+        return bad(format!(
+            "engine.pending lists {} requests, at most {MAX_PLAN_PENDING}",
+            plan.pending.len()
+        ));
+    }
+    non_negative("engine.step_remaining_ms", plan.step_remaining_ms)?;
+    positive("engine.step_calibration", plan.step_calibration)?;
+    let costs: &[f64] = match &plan.costs {
+        StepCosts::Batched {
+            row_us,
+            weights_pass_us,
+            attention_us_per_position,
+            context_us_per_token,
+        } => &[
+            *row_us,
+            *weights_pass_us,
+            *attention_us_per_position,
+            *context_us_per_token,
+        ],
+        StepCosts::Serial {
+            prefill_us_per_token,
+            decode_us_per_sequence,
+        } => &[*prefill_us_per_token, *decode_us_per_sequence],
+    };
+    for c in costs {
+        non_negative("engine.costs", *c)?;
+    }
+    for p in &plan.pending {
+        non_negative("engine.pending.ready_in_ms", p.ready_in_ms)?;
+    }
+    Ok(())
 }
 
 /// Download and runner reports: ids present, byte counts consistent, rates finite.

@@ -355,6 +355,7 @@ pub async fn start(mut opts: WorkerOptions) -> Result<RunningWorker, WorkerError
     let queue = Arc::new(QueueMeter::default());
     let faults = Arc::new(Faults::default());
     let totals = Arc::new(Mutex::new(Default::default()));
+    let engine_plan = Arc::new(Mutex::new(None));
     let (device_tx, device_rx) = mpsc::unbounded_channel();
     let device_ctx = DeviceContext {
         pool: pool.clone(),
@@ -373,6 +374,7 @@ pub async fn start(mut opts: WorkerOptions) -> Result<RunningWorker, WorkerError
         queue: Arc::clone(&queue),
         faults: Arc::clone(&faults),
         totals: Arc::clone(&totals),
+        engine_plan: Arc::clone(&engine_plan),
     };
     let static_model = model_file.is_some();
     let device = device::spawn(memory, device_ctx.clone(), model_file, opts.model_threads)

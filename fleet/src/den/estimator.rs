@@ -5,9 +5,11 @@
 use super::{DenOptions, DenWorker, QueueModel, Shape};
 use crate::cost::CostModel;
 use crate::load::WorkerLoad;
-use crate::plan::{PendingPrefill, replay};
+use crate::plan::replay;
 use crate::worker::Source;
 use den_protocol::candidate::{Candidate, Tier, TransferCapabilities, pages_for};
+use den_protocol::candidate_generation::price_shape;
+use den_protocol::engine_plan::{StepCosts, price};
 use den_protocol::ids::{Epoch, WorkerId};
 
 /// One worker's candidates for a request: recompute, then one per useful boundary of
@@ -32,6 +34,9 @@ pub fn priced_candidates(
     cost: &CostModel,
     opts: &DenOptions,
 ) -> Vec<(Candidate, f64)> {
+    if opts.router_pricing {
+        return router_priced(shape, w, cost, opts);
+    }
     let pricer = Pricer::new(shape, &w.load, cost, opts);
     let mut base = base_candidate(shape, w.id.clone(), &w.load, cost, opts);
     let base_delay = pricer.price(&mut base);
@@ -70,6 +75,40 @@ pub fn priced_candidates(
     out
 }
 
+/// den-agent's router: the candidates priced by the router's own function against the
+/// engine plan a batching worker reports, or by its reported queue.
+fn router_priced(
+    shape: &Shape,
+    w: &DenWorker,
+    cost: &CostModel,
+    opts: &DenOptions,
+) -> Vec<(Candidate, f64)> {
+    let plain = DenOptions {
+        router_pricing: false,
+        replay: false,
+        marginal_delay: false,
+        ..opts.clone()
+    };
+    let mut out: Vec<Candidate> = priced_candidates(shape, w, cost, &plain)
+        .into_iter()
+        .map(|(c, _)| c)
+        .collect();
+    if matches!(w.load.plan.costs, StepCosts::Batched { .. }) {
+        price_shape(
+            &w.load.plan,
+            shape.input_tokens,
+            shape.processed(),
+            &mut out,
+        );
+    }
+    out.into_iter()
+        .map(|c| {
+            let delay = c.imposed_ms;
+            (c, delay)
+        })
+        .collect()
+}
+
 /// Prices one worker's candidates for one request: v6 replays the engine plan with the
 /// request added (queue and imposed delay), v5 uses the last-step model, older versions
 /// neither.
@@ -89,9 +128,7 @@ impl<'a> Pricer<'a> {
         cost: &'a CostModel,
         opts: &'a DenOptions,
     ) -> Pricer<'a> {
-        let without_ms = opts
-            .replay
-            .then(|| replay(&load.plan, cost, None).total_ms());
+        let without_ms = opts.replay.then(|| replay(&load.plan, None).total_ms());
         Pricer {
             shape,
             load,
@@ -110,24 +147,18 @@ impl<'a> Pricer<'a> {
                 0.0
             };
         };
-        let joiner = PendingPrefill {
-            ready_in_ms: c.prefix_load_ms + c.gpu_restore_ms,
-            done_tokens: c.cached_token_count,
-            input_tokens: self.shape.input_tokens,
-        };
-        let with = replay(&self.load.plan, self.cost, Some(joiner));
-        if let Some(finish) = with.joiner_finish_ms {
-            // Everything before its own compute: waiting for other work and for its
-            // prefix (the load overlaps it), so `estimate` gives back `finish`.
-            let own = self.shape.processed().saturating_sub(c.cached_token_count) as f64
-                * c.prefill_ms_per_token;
-            c.queue_ms = (finish - c.gpu_restore_ms - own).max(0.0);
+        // The router's pricing, the same function (den_protocol::engine_plan::price).
+        price(
+            &self.load.plan,
+            without,
+            c,
+            self.shape.input_tokens,
+            self.shape.processed(),
+        );
+        if !self.opts.marginal_delay {
+            c.imposed_ms = 0.0;
         }
-        if self.opts.marginal_delay {
-            (with.total_ms() - without).max(0.0)
-        } else {
-            0.0
-        }
+        c.imposed_ms
     }
 }
 
@@ -135,11 +166,11 @@ impl<'a> Pricer<'a> {
 /// requests: its first chunk fills the rest of their last prefill step, which then takes
 /// longer by that chunk's compute, for every request finishing in that step.
 pub fn imposed_ms(shape: &Shape, cached: u32, load: &WorkerLoad, cost: &CostModel) -> f64 {
-    let (fill, finishers) = load.plan.tail_step(cost);
+    let (fill, finishers) = load.plan.tail_step();
     if finishers == 0 {
         return 0.0;
     }
-    let room = load.plan.step_budget(cost).saturating_sub(fill);
+    let room = load.plan.step_budget().saturating_sub(fill);
     let take = room.min(shape.input_tokens.saturating_sub(cached));
     let chunk = cost.solo_prefill_ms(cached, cached + take) * load.prefill_calibration;
     chunk * finishers as f64
@@ -204,6 +235,7 @@ fn base_candidate(
         exact: true,
         source_continuation_id: None,
         transfer: TransferCapabilities::default(),
+        imposed_ms: 0.0,
     }
 }
 

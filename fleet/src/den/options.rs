@@ -41,11 +41,18 @@ pub struct DenOptions {
     /// worker's engine plan with the request added ([`crate::plan`]).
     #[serde(default)]
     pub replay: bool,
+    /// den-agent's router: candidates priced by `den_protocol::candidate_generation::
+    /// price_shape` against the engine plan a batching worker reports (queue, own
+    /// prefill and imposed delay from the replay), else by the reported `queue_ms` and
+    /// per-token cost (den's serial synthetic engine reports no plan).
+    #[serde(default)]
+    pub router_pricing: bool,
 }
 
 impl Default for DenOptions {
+    /// What den-agent's router runs.
     fn default() -> Self {
-        DenOptions::v6()
+        DenOptions::router()
     }
 }
 
@@ -58,6 +65,7 @@ impl DenOptions {
             capacity_wait: false,
             marginal_delay: false,
             replay: false,
+            router_pricing: false,
         }
     }
 
@@ -108,12 +116,14 @@ impl DenOptions {
     pub fn router() -> DenOptions {
         DenOptions {
             queue: QueueModel::Reported,
+            marginal_delay: true,
+            router_pricing: true,
             ..DenOptions::v1()
         }
     }
 
-    /// The named iteration step (`v1`, `v2`, …; `latest` is the default; `router` is
-    /// [`DenOptions::router`]).
+    /// `router` (the default: [`DenOptions::router`], what den-agent runs) or a study
+    /// step `v1` … `v6` (experiments, never what den-agent runs).
     pub fn preset(name: &str) -> Option<DenOptions> {
         match name {
             "router" => Some(DenOptions::router()),
@@ -122,8 +132,17 @@ impl DenOptions {
             "v3" => Some(DenOptions::v3()),
             "v4" => Some(DenOptions::v4()),
             "v5" => Some(DenOptions::v5()),
-            "v6" | "latest" => Some(DenOptions::v6()),
+            "v6" => Some(DenOptions::v6()),
             _ => None,
+        }
+    }
+
+    /// What the `den` rows of a report are, in one line.
+    pub fn describe(&self) -> &'static str {
+        if *self == DenOptions::router() {
+            "den = den-agent's router: den_protocol::candidate_generation::price_shape over the engine plans workers report (--den router)"
+        } else {
+            "den = a STUDY STEP of the policy (--den vN), not what den-agent's router runs (that is --den router, the default)"
         }
     }
 }

@@ -145,6 +145,8 @@ impl Worker {
             });
         }
         EnginePlan {
+            max_batched_tokens: sh.cost.max_batched_tokens,
+            costs: sh.cost.step_costs(),
             pending,
             decoding: self.decoding.len() as u32,
             decode_context_tokens: self.decode_context,

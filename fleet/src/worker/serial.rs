@@ -237,6 +237,8 @@ impl Worker {
             decode_step_ms: engine.first_token_ms,
             step_remaining_ms: remaining as f64 / 1e3,
             plan: EnginePlan {
+                max_batched_tokens: sh.cost.max_batched_tokens,
+                costs: sh.cost.step_costs(),
                 pending,
                 decoding: q.decoding,
                 decode_context_tokens: 0,

@@ -25,8 +25,8 @@ fn step_ms(cost: &CostModel, tokens: u64, attention: f64) -> f64 {
 #[test]
 fn an_idle_engine_prefills_a_request_in_budget_sized_steps() {
     let cost = CostModel::default();
-    let plan = EnginePlan::default();
-    let r = replay(&plan, &cost, Some(ready(10_000)));
+    let plan = cost.idle_plan();
+    let r = replay(&plan, Some(ready(10_000)));
     // 8,192 tokens, then the remaining 1,808, each step priced by the roofline.
     let expected =
         step_ms(&cost, 8192, positions(0, 8192)) + step_ms(&cost, 1808, positions(8192, 10_000));
@@ -36,9 +36,9 @@ fn an_idle_engine_prefills_a_request_in_budget_sized_steps() {
     // The step in flight comes first.
     let busy = EnginePlan {
         step_remaining_ms: 7.0,
-        ..EnginePlan::default()
+        ..cost.idle_plan()
     };
-    let later = replay(&busy, &cost, Some(ready(10_000)));
+    let later = replay(&busy, Some(ready(10_000)));
     assert!((later.joiner_finish_ms.unwrap() - expected - 7.0).abs() < 1e-9);
 }
 
@@ -47,10 +47,10 @@ fn a_new_request_joins_the_last_step_and_delays_the_requests_finishing_in_it() {
     let cost = CostModel::default();
     let plan = EnginePlan {
         pending: vec![ready(1_000)],
-        ..EnginePlan::default()
+        ..cost.idle_plan()
     };
-    let alone = replay(&plan, &cost, None);
-    let joined = replay(&plan, &cost, Some(ready(20_000)));
+    let alone = replay(&plan, None);
+    let joined = replay(&plan, Some(ready(20_000)));
     let pending_alone = alone.finish_ms[0];
     let pending_joined = joined.finish_ms[0];
     assert!((pending_alone - step_ms(&cost, 1_000, positions(0, 1_000))).abs() < 1e-9);
@@ -65,7 +65,7 @@ fn a_new_request_joins_the_last_step_and_delays_the_requests_finishing_in_it() {
         ready_in_ms: 1_000.0,
         ..ready(20_000)
     };
-    let joined_late = replay(&plan, &cost, Some(late));
+    let joined_late = replay(&plan, Some(late));
     assert_eq!(joined_late.finish_ms, alone.finish_ms);
     assert!(joined_late.joiner_finish_ms.unwrap() > 1_000.0);
 }
@@ -79,9 +79,9 @@ fn a_pending_request_still_loading_lets_a_ready_one_run_first() {
             done_tokens: 30_000,
             input_tokens: 31_000,
         }],
-        ..EnginePlan::default()
+        ..cost.idle_plan()
     };
-    let r = replay(&plan, &cost, Some(ready(4_000)));
+    let r = replay(&plan, Some(ready(4_000)));
     let own = step_ms(&cost, 4_000, positions(0, 4_000));
     assert!((r.joiner_finish_ms.unwrap() - own).abs() < 1e-9);
     // FCFS resumes once the loader is ready: it finishes after its ready time.
@@ -91,13 +91,13 @@ fn a_pending_request_still_loading_lets_a_ready_one_run_first() {
 #[test]
 fn decoding_sequences_lengthen_every_step() {
     let cost = CostModel::default();
-    let idle = replay(&EnginePlan::default(), &cost, Some(ready(10_000)));
+    let idle = replay(&cost.idle_plan(), Some(ready(10_000)));
     let decoding = EnginePlan {
         decoding: 64,
         decode_context_tokens: 300_000,
-        ..EnginePlan::default()
+        ..cost.idle_plan()
     };
-    let busy = replay(&decoding, &cost, Some(ready(10_000)));
+    let busy = replay(&decoding, Some(ready(10_000)));
     assert!(busy.joiner_finish_ms.unwrap() > idle.joiner_finish_ms.unwrap());
 }
 
@@ -133,6 +133,12 @@ fn v6_keeps_a_long_prompt_off_a_worker_whose_pending_request_it_would_delay() {
     ];
     let d = decide(&shape, &workers, &cost, &DenOptions::v6()).unwrap();
     assert_eq!(d.chosen.candidate.worker_id.as_str(), "decoding");
+    // What den-agent's router runs (the default) decides the same, through den-protocol's
+    // pricing of the plans the workers report.
+    assert_eq!(DenOptions::default(), DenOptions::router());
+    let shipped = decide(&shape, &workers, &cost, &DenOptions::default()).unwrap();
+    assert_eq!(shipped.chosen.candidate.worker_id.as_str(), "decoding");
+    assert!(shipped.imposed_ms[1] > 200.0, "{:?}", shipped.imposed_ms);
     assert_eq!(d.imposed_ms.len(), d.ranked.len());
     assert_eq!(d.imposed_ms[0], 0.0, "nothing pending on the chosen worker");
     assert!(d.imposed_ms[1] > 200.0, "{:?}", d.imposed_ms);
@@ -206,14 +212,14 @@ fn v5_prices_the_join_from_the_reported_last_step() {
     // 10,192 pending tokens: a full first step, then 2,000 in the second, where both
     // requests finish.
     load.plan.pending = vec![ready(9_000), ready(1_192)];
-    assert_eq!(load.plan.tail_step(&cost), (2_000, 2));
+    assert_eq!(load.plan.tail_step(), (2_000, 2));
     let one = cost.solo_prefill_ms(512, 512 + 4 * 512 - 512);
     assert!((imposed_ms(&shape, 512, &load, &cost) - 2.0 * one).abs() < 1e-9);
     // Exactly full: no room, no delay.
     load.plan.pending = vec![ready(8_192)];
     assert_eq!(imposed_ms(&shape, 0, &load, &cost), 0.0);
     load.plan.pending = vec![ready(8_000), ready(100)];
-    assert_eq!(load.plan.tail_step(&cost), (8_100, 2));
+    assert_eq!(load.plan.tail_step(), (8_100, 2));
     // 92 tokens fit in the last step; both of its finishers wait for them.
     let one = cost.solo_prefill_ms(512, 512 + 92);
     assert!((imposed_ms(&shape, 512, &load, &cost) - 2.0 * one).abs() < 1e-9);

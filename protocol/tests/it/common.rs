@@ -44,6 +44,7 @@ pub fn cand(worker: &str, tier: Tier, cached: u32) -> Candidate {
         exact: true,
         source_continuation_id: None,
         transfer: TransferCapabilities::default(),
+        imposed_ms: 0.0,
     }
 }
 

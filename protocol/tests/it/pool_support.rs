@@ -94,6 +94,7 @@ pub fn candidate(tier: Tier, cached: u32, free_pages: u32, source: Option<&str>)
         exact: true,
         source_continuation_id: source.map(RouteId::from),
         transfer: TransferCapabilities::default(),
+        imposed_ms: 0.0,
     }
 }
 

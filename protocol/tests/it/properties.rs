@@ -179,6 +179,7 @@ fn candidate(sim: &Simulation, alt: &Alt, processed: u32) -> Candidate {
         exact: true,
         source_continuation_id: None,
         transfer: TransferCapabilities::default(),
+        imposed_ms: 0.0,
     }
 }
 

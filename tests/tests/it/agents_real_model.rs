@@ -227,6 +227,19 @@ async fn agents_real_model_batches_concurrent_requests_without_changing_them() {
         rows >= 2.0 * steps,
         "decodes shared steps: {rows} decode rows in {steps} steps"
     );
+    // The worker reports its engine plan with the step costs it measured, which the
+    // router prices its candidates with (den_protocol::engine_plan).
+    let observed = router.workers().await;
+    let w = observed
+        .iter()
+        .find(|w| w["worker_id"] == "w-real")
+        .expect("the worker's observation");
+    let engine = &w["engine"];
+    assert_eq!(engine["costs"]["kind"], "batched", "{w}");
+    let row_us = engine["costs"]["row_us"].as_f64().unwrap_or(0.0);
+    let pass_us = engine["costs"]["weights_pass_us"].as_f64().unwrap_or(0.0);
+    assert!(row_us > 0.0 && pass_us >= row_us, "{engine}");
+    assert_eq!(engine["max_batched_tokens"], 64, "{engine}");
 }
 
 /// The SSE `data:` payloads of a streamed answer.

@@ -52,6 +52,13 @@ impl Actor {
             obs.evictions.insert("capacity".into(), c.capacity_routes);
             obs.evictions.insert("explicit".into(), c.explicit_routes);
         }
+        obs.engine = self
+            .p
+            .device_ctx
+            .engine_plan
+            .lock()
+            .ok()
+            .and_then(|p| p.clone());
         obs.object_store = self.p.tiers.object.is_some();
         obs.tiers = self.tier_usage.clone();
         obs.backend = self.p.backend.clone();

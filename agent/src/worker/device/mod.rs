@@ -36,6 +36,7 @@ use den_protocol::wire::StopReason;
 use den_protocol::worker::{Operation, OperationKind, OperationOutcome, Work};
 
 use den_model::{Model, Runner};
+use den_protocol::engine_plan::EnginePlan;
 use den_protocol::pool::AppendReservation;
 
 use crate::engine::{EngineCosts, SyntheticKv, context_hash, output_token};
@@ -110,6 +111,9 @@ pub struct DeviceContext {
     pub faults: Arc<Faults>,
     /// The memory's transfer totals, copied out after every job (calibration input).
     pub totals: Arc<Mutex<TransferTotals>>,
+    /// A real model's scheduler state and measured step costs, published after every
+    /// step for the heartbeat (`None`: the synthetic engine, or nothing measured yet).
+    pub engine_plan: Arc<Mutex<Option<EnginePlan>>>,
 }
 
 /// The handle the actor keeps: a queue into the thread.
@@ -179,7 +183,11 @@ pub fn spawn(
                 ctx,
                 kv: BTreeMap::new(),
                 model: engine,
+                fit: model::StepFit::default(),
             };
+            if let Ok(mut plan) = device.ctx.engine_plan.lock() {
+                *plan = None;
+            }
             let _ = ready_tx.send(Ok(()));
             if device.model.is_some() {
                 device.run_batched(&rx);
@@ -212,6 +220,8 @@ struct Device<'m, 'a> {
     kv: BTreeMap<ModelFingerprint, SyntheticKv>,
     /// The real model, when the worker serves one (then every operation runs it).
     model: Option<ModelEngine<'m, 'a>>,
+    /// What the real model's steps cost, fitted from the steps run.
+    fit: model::StepFit,
 }
 
 /// Why an operation stopped early.

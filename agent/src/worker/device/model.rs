@@ -30,6 +30,8 @@ use den_model::BatchRow;
 use den_model::Runner;
 use den_model::kv::{ArenaRows, Sequence};
 use den_model::sample::{FinishReason, Generation, Step};
+use den_protocol::engine_plan::{EnginePlan, PendingPrefill, StepCosts};
+use den_protocol::observation::MAX_PLAN_PENDING;
 use den_protocol::request::Token;
 use den_protocol::wire::StopReason;
 use den_protocol::worker::{Operation, OperationKind, OperationOutcome};
@@ -46,6 +48,48 @@ pub struct ModelEngine<'m, 'a> {
 impl<'m, 'a> ModelEngine<'m, 'a> {
     pub fn new(runner: Runner<'m, 'a>, text: Arc<ModelText>) -> Self {
         ModelEngine { runner, text }
+    }
+}
+
+/// What a step costs, fitted from the steps run: a step of one or two rows is a weight
+/// pass (memory-bound, `weights_pass_us`); a step of at least [`FIT_ROWS`] rows is
+/// compute-bound (`row_us` per row). Exponential averages, so a changing machine load
+/// shows within a few dozen steps. The attention terms are folded into `row_us`.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct StepFit {
+    row_us: Option<f64>,
+    pass_us: Option<f64>,
+}
+
+/// Rows from which a step counts as compute-bound.
+const FIT_ROWS: u32 = 16;
+/// Weight of the newest step in the averages.
+const FIT_ALPHA: f64 = 0.1;
+
+impl StepFit {
+    fn observe(&mut self, rows: u32, ms: f64) {
+        if rows == 0 || !ms.is_finite() || ms <= 0.0 {
+            return;
+        }
+        let ewma =
+            |old: Option<f64>, new: f64| Some(old.map_or(new, |o| o + FIT_ALPHA * (new - o)));
+        let us = ms * 1e3;
+        if rows <= 2 {
+            self.pass_us = ewma(self.pass_us, us);
+        } else if rows >= FIT_ROWS {
+            self.row_us = ewma(self.row_us, us / f64::from(rows));
+        }
+    }
+
+    /// The costs, once a compute-bound step was seen (a weight pass defaults to one row).
+    fn costs(&self) -> Option<StepCosts> {
+        let row_us = self.row_us?;
+        Some(StepCosts::Batched {
+            row_us,
+            weights_pass_us: self.pass_us.unwrap_or(row_us),
+            attention_us_per_position: 0.0,
+            context_us_per_token: 0.0,
+        })
     }
 }
 
@@ -166,6 +210,7 @@ impl Device<'_, '_> {
             }
         }
         if active.is_empty() {
+            self.publish_plan(active);
             return;
         }
         let mut parts = self.plan(active);
@@ -187,9 +232,13 @@ impl Device<'_, '_> {
         }
         parts.retain(|p| p.pending.is_some());
         self.count_step(active, &parts);
+        let rows: u32 = parts.iter().map(|p| p.count).sum();
         let t0 = Instant::now();
         let sampled = self.pass(active, &parts);
         let ms = t0.elapsed().as_secs_f64() * 1e3;
+        if sampled.is_ok() {
+            self.fit.observe(rows, ms);
+        }
         match sampled {
             Err(stop) => {
                 for p in parts {
@@ -268,6 +317,33 @@ impl Device<'_, '_> {
         outcomes.dedup_by_key(|(i, _)| *i);
         for (i, outcome) in outcomes {
             self.retire(active, i, outcome);
+        }
+        self.publish_plan(active);
+    }
+
+    /// The scheduler's state for the heartbeat: prompts still filling (FCFS, as the
+    /// planner serves them), the decoding set and its context, the measured costs.
+    fn publish_plan(&self, active: &[Active]) {
+        let Some(costs) = self.fit.costs() else {
+            return;
+        };
+        let mut plan = EnginePlan::idle(self.ctx.config.batch_tokens.max(1), costs);
+        for a in active {
+            let len = self.route_len(&a.op.work.route);
+            if a.decoding.is_some() {
+                plan.decoding += 1;
+                plan.decode_context_tokens += u64::from(len);
+            } else {
+                plan.pending.push(PendingPrefill {
+                    ready_in_ms: 0.0,
+                    done_tokens: len,
+                    input_tokens: u32::try_from(a.op.work.request.tokens.len()).unwrap_or(u32::MAX),
+                });
+            }
+        }
+        plan.pending.truncate(MAX_PLAN_PENDING);
+        if let Ok(mut slot) = self.ctx.engine_plan.lock() {
+            *slot = Some(plan);
         }
     }
 

@@ -1,0 +1,433 @@
+//! A worker's engine plan, as its heartbeat reports it, and the replay that prices a
+//! candidate against it: when each pending request will finish its prefill, with and
+//! without one more request.
+//!
+//! A batching worker knows its scheduler state — the requests pending prefill in FCFS
+//! order, how much of each is done and when each is ready to compute (its prefix loaded
+//! and restored) — the rules it schedules by (chunked prefill: each step gives the token
+//! budget left by the decoding sequences to the ready requests in FCFS order), and what
+//! its steps cost ([`StepCosts`], measured by the worker). Replaying those rules predicts
+//! the step sequence, so the router sees what a sum of pending work cannot: a request
+//! that is not ready yet lets later ones run first, and a new request's first chunk
+//! joins — and lengthens — the last step of the requests before it ([`price`]). Future
+//! arrivals are not predicted.
+//!
+//! The router ([`crate::candidate_generation`]) and the fleet simulator's den policy
+//! price through this one module.
+
+use serde::{Deserialize, Serialize};
+
+use crate::candidate::Candidate;
+
+/// What one engine step costs, µs.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum StepCosts {
+    /// A batched step: every row (prefill token or decode sequence) costs `row_us` of
+    /// compute, but a step never takes less than one pass over the weights
+    /// (`weights_pass_us`, memory-bound); attention adds per (new token × earlier
+    /// position) and per KV token the decoding sequences read.
+    Batched {
+        row_us: f64,
+        weights_pass_us: f64,
+        attention_us_per_position: f64,
+        context_us_per_token: f64,
+    },
+    /// One operation after the other (den's synthetic engine): prefill tokens, then one
+    /// decode token per sequence, at their declared costs.
+    Serial {
+        prefill_us_per_token: f64,
+        decode_us_per_sequence: f64,
+    },
+}
+
+impl StepCosts {
+    /// Duration of a step of `prefill_tokens` new prompt tokens whose causal attention
+    /// covers `attention_positions` (Σ of their positions) and `decoding` sequences
+    /// reading `decode_context` KV tokens, in whole µs (rounded up).
+    pub fn step_us(
+        &self,
+        prefill_tokens: u64,
+        attention_positions: f64,
+        decoding: u64,
+        decode_context: u64,
+    ) -> u64 {
+        match *self {
+            StepCosts::Serial {
+                prefill_us_per_token,
+                decode_us_per_sequence,
+            } => {
+                let us = prefill_tokens as f64 * prefill_us_per_token
+                    + decoding as f64 * decode_us_per_sequence;
+                if us.is_finite() && us > 0.0 {
+                    us.round() as u64
+                } else {
+                    0
+                }
+            }
+            StepCosts::Batched {
+                row_us,
+                weights_pass_us,
+                attention_us_per_position,
+                context_us_per_token,
+            } => {
+                let rows = (prefill_tokens + decoding) as f64;
+                let us = (row_us * rows).max(weights_pass_us)
+                    + attention_us_per_position * attention_positions
+                    + context_us_per_token * decode_context as f64;
+                if us.is_finite() && us > 0.0 {
+                    us.ceil() as u64
+                } else {
+                    0
+                }
+            }
+        }
+    }
+}
+
+/// Σ of the causal attention positions of tokens `[start, end)`.
+pub fn positions(start: u32, end: u32) -> f64 {
+    if end <= start {
+        return 0.0;
+    }
+    let (s, e) = (start as f64, end as f64);
+    (e * (e - 1.0) - s * (s - 1.0)) / 2.0
+}
+
+/// One request pending prefill on a worker.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct PendingPrefill {
+    /// When its prefix is on the GPU and it can compute, ms from now (0: ready).
+    pub ready_in_ms: f64,
+    /// Prompt tokens with KV already (reused or computed, including the step in flight).
+    pub done_tokens: u32,
+    pub input_tokens: u32,
+}
+
+impl PendingPrefill {
+    pub fn left(&self) -> u32 {
+        self.input_tokens.saturating_sub(self.done_tokens)
+    }
+}
+
+/// What a worker's engine is doing, enough to replay its next steps.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EnginePlan {
+    /// Rows of one step (prefill tokens plus decode sequences).
+    pub max_batched_tokens: u32,
+    pub costs: StepCosts,
+    /// Pending prefills in FCFS order (admitted first, then waiting).
+    #[serde(default)]
+    pub pending: Vec<PendingPrefill>,
+    /// Sequences decoding now.
+    #[serde(default)]
+    pub decoding: u32,
+    /// KV tokens the decoding sequences read per step.
+    #[serde(default)]
+    pub decode_context_tokens: u64,
+    /// Until the step in flight ends, ms.
+    #[serde(default)]
+    pub step_remaining_ms: f64,
+    /// Measured ÷ predicted step duration (1: the costs are exact).
+    #[serde(default = "one")]
+    pub step_calibration: f64,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+impl Default for EnginePlan {
+    /// An idle engine whose steps cost nothing (a placeholder to fill in).
+    fn default() -> Self {
+        EnginePlan::idle(
+            1,
+            StepCosts::Batched {
+                row_us: 0.0,
+                weights_pass_us: 0.0,
+                attention_us_per_position: 0.0,
+                context_us_per_token: 0.0,
+            },
+        )
+    }
+}
+
+impl EnginePlan {
+    /// An idle engine.
+    pub fn idle(max_batched_tokens: u32, costs: StepCosts) -> EnginePlan {
+        EnginePlan {
+            max_batched_tokens,
+            costs,
+            pending: Vec::new(),
+            decoding: 0,
+            decode_context_tokens: 0,
+            step_remaining_ms: 0.0,
+            step_calibration: 1.0,
+        }
+    }
+
+    /// The prefill token budget per step that the decoding sequences leave.
+    pub fn step_budget(&self) -> u32 {
+        self.max_batched_tokens.saturating_sub(self.decoding).max(1)
+    }
+
+    /// Packs the pending prefill (FCFS, ignoring ready times) into steps of the budget:
+    /// the tokens in the last, partly filled step and how many requests finish in it.
+    /// Nothing pending, or a full last step, gives `(0, 0)`.
+    pub fn tail_step(&self) -> (u32, u32) {
+        let budget = self.step_budget() as u64;
+        let mut cum = 0u64;
+        let mut last_step = 0u64;
+        let mut finishers = 0u32;
+        for r in self.pending.iter().filter(|r| r.left() > 0) {
+            cum += r.left() as u64;
+            let step = cum.div_ceil(budget);
+            if step == last_step {
+                finishers += 1;
+            } else {
+                last_step = step;
+                finishers = 1;
+            }
+        }
+        let fill = cum - last_step.saturating_sub(1) * budget;
+        if cum == 0 || fill >= budget {
+            return (0, 0);
+        }
+        (u32::try_from(fill).unwrap_or(u32::MAX), finishers)
+    }
+
+    /// Prefilling tokens `[done, input)` alone, budget-sized steps with no decode rows,
+    /// ms: a request's own compute on this engine.
+    pub fn solo_ms(&self, done: u32, input: u32) -> f64 {
+        let budget = self.max_batched_tokens.max(1);
+        let mut at = done;
+        let mut ms = 0.0;
+        while at < input {
+            let take = budget.min(input - at);
+            ms += self.step_ms(u64::from(take), positions(at, at + take), 0, 0);
+            at += take;
+        }
+        ms
+    }
+
+    fn step_ms(&self, tokens: u64, attention: f64, decoding: u64, context: u64) -> f64 {
+        let calibration = if self.step_calibration > 0.0 && self.step_calibration.is_finite() {
+            self.step_calibration
+        } else {
+            1.0
+        };
+        self.costs.step_us(tokens, attention, decoding, context) as f64 / 1e3 * calibration
+    }
+}
+
+/// Finish times of a replay, ms from now.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Replay {
+    /// Per pending request (same order); 0 for a request with nothing left.
+    pub finish_ms: Vec<f64>,
+    /// The added request's, when one was added.
+    pub joiner_finish_ms: Option<f64>,
+}
+
+impl Replay {
+    /// Sum of the pending requests' finish times.
+    pub fn total_ms(&self) -> f64 {
+        self.finish_ms.iter().sum()
+    }
+}
+
+/// Upper bound on replayed steps (a full 131 k-token context is 16 steps; a queue of
+/// many such requests stays far below this). Past it the replay stops and unfinished
+/// requests finish "at the end", which only happens for absurd inputs.
+const MAX_STEPS: usize = 100_000;
+
+/// Replays `plan` with `joiner` (if any) appended last in FCFS order.
+pub fn replay(plan: &EnginePlan, joiner: Option<PendingPrefill>) -> Replay {
+    let mut reqs: Vec<PendingPrefill> = plan.pending.clone();
+    if let Some(j) = joiner {
+        reqs.push(j);
+    }
+    let mut finish = vec![0.0; reqs.len()];
+    // Requests finishing their prefill start decoding too, but for how long is unknown
+    // (a worker knows its mean output length, not this request's); their decode adds
+    // well under a millisecond per step, so the decode set is held fixed.
+    let decoding = plan.decoding;
+    let context = plan.decode_context_tokens;
+    let mut t = plan.step_remaining_ms.max(0.0);
+    let mut left: usize = reqs.iter().filter(|r| r.left() > 0).count();
+    let mut chunks: Vec<(usize, u32)> = Vec::new();
+    for _ in 0..MAX_STEPS {
+        if left == 0 {
+            break;
+        }
+        let mut budget = plan.step_budget();
+        chunks.clear();
+        let mut next_ready = f64::INFINITY;
+        let (mut tokens, mut attention) = (0u64, 0.0);
+        for (i, r) in reqs.iter().enumerate() {
+            let rest = r.left();
+            if rest == 0 {
+                continue;
+            }
+            if r.ready_in_ms > t {
+                next_ready = next_ready.min(r.ready_in_ms);
+                continue;
+            }
+            if budget == 0 {
+                break;
+            }
+            let take = budget.min(rest);
+            attention += positions(r.done_tokens, r.done_tokens + take);
+            tokens += take as u64;
+            budget -= take;
+            chunks.push((i, take));
+        }
+        if chunks.is_empty() {
+            if !next_ready.is_finite() {
+                break;
+            }
+            // Decode-only steps run until a boundary at or after the next ready time.
+            let step = if decoding > 0 {
+                plan.step_ms(0, 0.0, decoding as u64, context)
+            } else {
+                0.0
+            };
+            t = if step > 0.0 {
+                t + ((next_ready - t) / step).ceil().max(1.0) * step
+            } else {
+                next_ready
+            };
+            continue;
+        }
+        t += plan.step_ms(tokens, attention, decoding as u64, context);
+        for &(i, take) in &chunks {
+            let Some(r) = reqs.get_mut(i) else { continue };
+            r.done_tokens += take;
+            if r.left() == 0 {
+                if let Some(f) = finish.get_mut(i) {
+                    *f = t;
+                }
+                left -= 1;
+            }
+        }
+    }
+    for (f, r) in finish.iter_mut().zip(&reqs) {
+        if r.left() > 0 {
+            *f = t;
+        }
+    }
+    let joiner_finish_ms = joiner.and_then(|_| finish.pop());
+    Replay {
+        finish_ms: finish,
+        joiner_finish_ms,
+    }
+}
+
+/// Prices candidate `c` of a request of `input_tokens` prompt tokens (`processed` of
+/// them with KV before the first token) on a worker reporting `plan`, whose pending
+/// requests finish at `without_ms` in total without it ([`replay`]`(plan, None)`):
+/// `c.queue_ms` becomes everything before its own compute in the replay with it added —
+/// waiting for other work and for its prefix, which overlap — so [`crate::candidate::estimate`]
+/// gives back its replayed finish; its first token is sampled in that last prefill step
+/// (`first_token_ms` 0); and `c.imposed_ms` becomes the delay it adds to the pending
+/// requests' finish times (rank by own TTFT + imposed delay: mean TTFT is their sum).
+pub fn price(
+    plan: &EnginePlan,
+    without_ms: f64,
+    c: &mut Candidate,
+    input_tokens: u32,
+    processed: u32,
+) {
+    let joiner = PendingPrefill {
+        ready_in_ms: c.prefix_load_ms + c.gpu_restore_ms,
+        done_tokens: c.cached_token_count,
+        input_tokens,
+    };
+    let with = replay(plan, Some(joiner));
+    if let Some(finish) = with.joiner_finish_ms {
+        let own = processed.saturating_sub(c.cached_token_count) as f64 * c.prefill_ms_per_token;
+        c.queue_ms = (finish - c.gpu_restore_ms - own).max(0.0);
+    }
+    c.first_token_ms = 0.0;
+    c.imposed_ms = (with.total_ms() - without_ms).max(0.0);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn costs() -> StepCosts {
+        // 10 µs a row, at least 1 ms a step, no attention or context terms.
+        StepCosts::Batched {
+            row_us: 10.0,
+            weights_pass_us: 1_000.0,
+            attention_us_per_position: 0.0,
+            context_us_per_token: 0.0,
+        }
+    }
+
+    fn pending(done: u32, input: u32) -> PendingPrefill {
+        PendingPrefill {
+            ready_in_ms: 0.0,
+            done_tokens: done,
+            input_tokens: input,
+        }
+    }
+
+    #[test]
+    fn a_joiner_rides_in_the_last_partly_filled_step_and_lengthens_it() {
+        // Budget 1000 rows: the pending 1500 tokens take two steps (10 ms, then 5 ms
+        // for 500 rows); a 400-token joiner fits the second step, making it 9 ms.
+        let plan = EnginePlan {
+            pending: vec![pending(0, 1500)],
+            ..EnginePlan::idle(1000, costs())
+        };
+        assert_eq!(plan.tail_step(), (500, 1));
+        let alone = replay(&plan, None);
+        assert_eq!(alone.finish_ms, vec![15.0]);
+        let with = replay(&plan, Some(pending(0, 400)));
+        assert_eq!(with.finish_ms, vec![19.0]);
+        assert_eq!(with.joiner_finish_ms, Some(19.0));
+    }
+
+    #[test]
+    fn a_request_not_ready_lets_later_ones_run_first() {
+        let mut late = pending(0, 500);
+        late.ready_in_ms = 100.0;
+        let plan = EnginePlan {
+            pending: vec![late],
+            ..EnginePlan::idle(1000, costs())
+        };
+        let with = replay(&plan, Some(pending(0, 500)));
+        // The joiner runs at once (5 ms); the late one at 100 ms.
+        assert_eq!(with.joiner_finish_ms, Some(5.0));
+        assert_eq!(with.finish_ms, vec![105.0]);
+    }
+
+    #[test]
+    fn pricing_sets_the_queue_to_what_precedes_its_own_compute_and_the_imposed_delay() {
+        let plan = EnginePlan {
+            pending: vec![pending(0, 1500)],
+            ..EnginePlan::idle(1000, costs())
+        };
+        let without = replay(&plan, None).total_ms();
+        let mut c = crate::candidate::tests::router_fixture("w", crate::candidate::Tier::None, 0);
+        c.prefill_ms_per_token = 0.01;
+        price(&plan, without, &mut c, 400, 399);
+        // Finish 19 ms; own compute 399 × 0.01 = 3.99 ms.
+        assert!((c.queue_ms - 15.01).abs() < 1e-9, "{}", c.queue_ms);
+        assert_eq!(c.first_token_ms, 0.0);
+        assert!((c.imposed_ms - 4.0).abs() < 1e-9, "{}", c.imposed_ms);
+        let e = crate::candidate::estimate_shape(399, 16, &c);
+        assert!((e.ttft_ms - 19.0).abs() < 1e-9, "{}", e.ttft_ms);
+    }
+
+    #[test]
+    fn serial_steps_add_prefill_and_decode() {
+        let s = StepCosts::Serial {
+            prefill_us_per_token: 500.0,
+            decode_us_per_sequence: 1000.0,
+        };
+        assert_eq!(s.step_us(4, 123.0, 2, 99), 4_000);
+    }
+}
