@@ -241,6 +241,12 @@ impl Replay {
 /// requests finish "at the end", which only happens for absurd inputs.
 const MAX_STEPS: usize = 100_000;
 
+/// Upper bound on request visits over a whole replay (steps × pending requests looked
+/// at): a plan comes from the network, and the router replays it for every candidate,
+/// so a hostile one (a thousand pending prompts of billions of tokens in one-row steps)
+/// must not cost more than an honest busy worker's (a few hundred visits).
+const MAX_VISITS: usize = 200_000;
+
 /// Replays `plan` with `joiner` (if any) appended last in FCFS order.
 pub fn replay(plan: &EnginePlan, joiner: Option<PendingPrefill>) -> Replay {
     let mut reqs: Vec<PendingPrefill> = plan.pending.clone();
@@ -256,10 +262,12 @@ pub fn replay(plan: &EnginePlan, joiner: Option<PendingPrefill>) -> Replay {
     let mut t = plan.step_remaining_ms.max(0.0);
     let mut left: usize = reqs.iter().filter(|r| r.left() > 0).count();
     let mut chunks: Vec<(usize, u32)> = Vec::new();
+    let mut visits = 0usize;
     for _ in 0..MAX_STEPS {
-        if left == 0 {
+        if left == 0 || visits > MAX_VISITS {
             break;
         }
+        visits += reqs.len();
         let mut budget = plan.step_budget();
         chunks.clear();
         let mut next_ready = f64::INFINITY;
@@ -420,6 +428,20 @@ mod tests {
         assert!((c.imposed_ms - 4.0).abs() < 1e-9, "{}", c.imposed_ms);
         let e = crate::candidate::estimate_shape(399, 16, &c);
         assert!((e.ttft_ms - 19.0).abs() < 1e-9, "{}", e.ttft_ms);
+    }
+
+    #[test]
+    fn a_hostile_plan_is_replayed_in_bounded_work() {
+        let plan = EnginePlan {
+            pending: vec![pending(0, u32::MAX); 1024],
+            ..EnginePlan::idle(1, costs())
+        };
+        let r = replay(&plan, Some(pending(0, 10)));
+        // The replay stops at its visit bound (≈ 195 one-row steps here): everything
+        // unfinished then finishes "at the end", the same finite time.
+        let end = r.joiner_finish_ms.unwrap();
+        assert!(end.is_finite() && end < 1_000.0, "{end}");
+        assert!(r.finish_ms.iter().all(|f| *f == end));
     }
 
     #[test]
