@@ -24,6 +24,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
+use den_protocol::skulk::State;
 use den_tests::agents::{agent_binary, client, start_router, start_worker, wait_for};
 use den_tests::environment::{missing, model_file};
 use den_tests::manage::{Mgmt, instance_ids};
@@ -106,6 +107,23 @@ async fn place(m: &Mgmt<'_>, node: &str) -> (String, den_protocol::skulk::Runner
     (id.as_str().to_owned(), runner)
 }
 
+/// Waits until `runner` is ready; the state it was ready in.
+async fn wait_ready(m: &Mgmt<'_>, runner: &den_protocol::skulk::RunnerId) -> State {
+    m.wait_state("the runner to be ready", |s| {
+        s.runners.get(runner)?.is_ready().then(|| s.clone())
+    })
+    .await
+}
+
+/// Deletes `instance` and waits until its runner is gone.
+async fn delete(m: &Mgmt<'_>, instance: &str, runner: &den_protocol::skulk::RunnerId) {
+    assert_eq!(m.delete(&format!("/instance/{instance}")).await.status, 200);
+    m.wait_state("the runner gone", |s| {
+        (!s.runners.contains_key(runner)).then_some(())
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn manage_a_gguf_card_over_http_is_downloaded_probed_served_and_removed() {
     let Some(path) = model_file(SMOLLM2) else {
@@ -131,11 +149,7 @@ async fn manage_a_gguf_card_over_http_is_downloaded_probed_served_and_removed() 
     let m = Mgmt { router: &router };
 
     let (instance, runner) = place(&m, "w1").await;
-    let state = m
-        .wait_state("the gguf runner to be ready", |s| {
-            s.runners.get(&runner)?.is_ready().then(|| s.clone())
-        })
-        .await;
+    let state = wait_ready(&m, &runner).await;
     let downloads = den_tests::manage::downloads_of(&state, "w1", MODEL);
     assert_eq!(downloads.len(), 1, "{downloads:?}");
     assert_eq!(downloads[0].tag(), "DownloadCompleted", "{downloads:?}");
@@ -191,32 +205,23 @@ async fn manage_a_gguf_card_over_http_is_downloaded_probed_served_and_removed() 
     assert_ne!(refused["type"], "completed", "{refused}");
 
     // Deleting the instance switches the worker back to the engine it started with.
-    assert_eq!(m.delete(&format!("/instance/{instance}")).await.status, 200);
-    m.wait_state("the runner gone", |s| {
-        (!s.runners.contains_key(&runner)).then_some(())
-    })
-    .await;
+    delete(&m, &instance, &runner).await;
+    let mut attempt = 1;
     wait_for(
         "the synthetic model to be served again",
         Duration::from_secs(20),
         || {
+            attempt += 1;
             let mut body = synthetic.clone();
             let router = &router;
             async move {
-                body["id"] = json!(format!("synthetic-{}", rand_suffix()));
+                body["id"] = json!(format!("synthetic-{attempt}"));
                 let done = router.generate(body).await.terminal;
                 (done["type"] == "completed").then_some(())
             }
         },
     )
     .await;
-}
-
-fn rand_suffix() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -234,15 +239,8 @@ async fn manage_a_gguf_runner_that_cannot_load_fails_with_its_reason_and_bad_fil
     router.wait_workers(&["w1"]).await;
     let m = Mgmt { router: &router };
     let (first, runner) = place(&m, "w1").await;
-    m.wait_state("the first runner to be ready", |s| {
-        s.runners.get(&runner)?.is_ready().then_some(())
-    })
-    .await;
-    assert_eq!(m.delete(&format!("/instance/{first}")).await.status, 200);
-    m.wait_state("the runner gone", |s| {
-        (!s.runners.contains_key(&runner)).then_some(())
-    })
-    .await;
+    wait_ready(&m, &runner).await;
+    delete(&m, &first, &runner).await;
     // The installed copy changes on disk (one byte): the next runner reuses the
     // installation, and loading it must refuse it.
     let installed = std::fs::read_dir(w.data_dir.join("models"))
@@ -273,17 +271,9 @@ async fn manage_a_gguf_runner_that_cannot_load_fails_with_its_reason_and_bad_fil
         .await;
     assert_eq!(record.error_code.as_deref(), Some("load_failed"));
     // The refused installation was removed: placing again downloads anew and serves.
-    assert_eq!(m.delete(&format!("/instance/{second}")).await.status, 200);
-    m.wait_state("the failed runner gone", |s| {
-        (!s.runners.contains_key(&runner)).then_some(())
-    })
-    .await;
+    delete(&m, &second, &runner).await;
     let (_, runner) = place(&m, "w1").await;
-    let state = m
-        .wait_state("a fresh download's runner to be ready", |s| {
-            s.runners.get(&runner)?.is_ready().then(|| s.clone())
-        })
-        .await;
+    let state = wait_ready(&m, &runner).await;
     let downloads = den_tests::manage::downloads_of(&state, "w1", MODEL);
     assert_eq!(downloads.len(), 2, "{downloads:?}");
     drop(router);

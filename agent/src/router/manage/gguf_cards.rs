@@ -14,17 +14,13 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use futures_util::StreamExt;
-use sha2::{Digest, Sha256};
-use tokio::io::AsyncWriteExt;
-
 use den_protocol::wire::{ArtifactFile, ArtifactFormat};
 
 use super::catalog::{Card, ModelCatalog};
 use crate::ingress::TextModels;
 use crate::model_file::ModelFile;
 use crate::router::RouterOptions;
-use crate::worker::models::source::Source;
+use crate::worker::models::source::{FileCheck, Source, check_file};
 
 /// The default catalog cache: `$XDG_CACHE_HOME/den/catalog` (or `~/.cache/...`).
 pub fn default_cache() -> PathBuf {
@@ -94,39 +90,21 @@ async fn open(card: &Card, cache: &Path) -> Result<ModelFile, String> {
 async fn verify(path: &Path, file: &ArtifactFile) -> Result<(), String> {
     let path = path.to_path_buf();
     let expected = file.clone();
-    tokio::task::spawn_blocking(move || -> Result<(), String> {
-        use std::io::Read;
-        let mut f = std::fs::File::open(&path)
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        let mut hasher = Sha256::new();
-        let mut buf = vec![0u8; 1 << 20];
-        let mut bytes: u64 = 0;
-        loop {
-            let n = f
-                .read(&mut buf)
-                .map_err(|e| format!("reading {} failed: {e}", path.display()))?;
-            if n == 0 {
-                break;
+    tokio::task::spawn_blocking(move || {
+        check_file(&path, &expected, |_| Ok::<(), ()>(())).map_err(|e| {
+            let p = path.display();
+            match e {
+                FileCheck::Open(e) => format!("cannot read {p}: {e}"),
+                FileCheck::Read(e) => format!("reading {p} failed: {e}"),
+                FileCheck::Stopped(()) => format!("reading {p} stopped"),
+                FileCheck::Size(got) => {
+                    format!("{p} has {got} bytes, the card says {}", expected.bytes)
+                }
+                FileCheck::Sha256(got) => {
+                    format!("{p}: expected sha256 {}, got {got}", expected.sha256)
+                }
             }
-            bytes += n as u64;
-            hasher.update(buf.get(..n).unwrap_or_default());
-        }
-        if bytes != expected.bytes {
-            return Err(format!(
-                "{} has {bytes} bytes, the card says {}",
-                path.display(),
-                expected.bytes
-            ));
-        }
-        let got = hex::encode(hasher.finalize());
-        if got != expected.sha256 {
-            return Err(format!(
-                "{}: expected sha256 {}, got {got}",
-                path.display(),
-                expected.sha256
-            ));
-        }
-        Ok(())
+        })
     })
     .await
     .map_err(|e| format!("checking the file stopped: {e}"))?
@@ -142,38 +120,9 @@ async fn fetch(source: &Source, file: &ArtifactFile, cache: &Path) -> Result<Pat
         .await
         .map_err(|e| format!("cannot create {}: {e}", cache.display()))?;
     let staging = cache.join(format!(".{}.{}.partial", file.sha256, std::process::id()));
+    tracing::info!(file = %file.path, bytes = file.bytes, "fetching a catalog model for its tokenizer");
     let result = async {
-        tracing::info!(file = %file.path, bytes = file.bytes, "fetching a catalog model for its tokenizer");
-        let mut stream = source.open(&file.path).await?;
-        let mut out = tokio::fs::File::create(&staging)
-            .await
-            .map_err(|e| format!("cannot write {}: {e}", staging.display()))?;
-        let mut hasher = Sha256::new();
-        let mut written: u64 = 0;
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk?;
-            written = written.saturating_add(chunk.len() as u64);
-            if written > file.bytes {
-                return Err(format!(
-                    "size mismatch for {}: the card says {} bytes, the source has more",
-                    file.path, file.bytes
-                ));
-            }
-            hasher.update(&chunk);
-            out.write_all(&chunk)
-                .await
-                .map_err(|e| format!("writing {} failed: {e}", staging.display()))?;
-        }
-        let got = hex::encode(hasher.finalize());
-        if written != file.bytes || got != file.sha256 {
-            return Err(format!(
-                "{} from the source: {written} bytes with sha256 {got}, the card says {} bytes with {}",
-                file.path, file.bytes, file.sha256
-            ));
-        }
-        out.sync_all()
-            .await
-            .map_err(|e| format!("fsync of {} failed: {e}", staging.display()))?;
+        source.fetch_verified(file, &staging, |_| Ok(())).await?;
         tokio::fs::rename(&staging, &target)
             .await
             .map_err(|e| format!("installing {} failed: {e}", target.display()))

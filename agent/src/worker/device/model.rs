@@ -327,23 +327,28 @@ impl Device<'_, '_> {
         let Some(costs) = self.fit.costs() else {
             return;
         };
-        let mut plan = EnginePlan::idle(self.ctx.config.batch_tokens.max(1), costs);
+        let Ok(mut slot) = self.ctx.engine_plan.lock() else {
+            return;
+        };
+        // Refilled in place: no allocation per step once the list has grown.
+        let plan = slot.get_or_insert_with(EnginePlan::default);
+        plan.max_batched_tokens = self.ctx.config.batch_tokens.max(1);
+        plan.costs = costs;
+        plan.pending.clear();
+        plan.decoding = 0;
+        plan.decode_context_tokens = 0;
         for a in active {
             let len = self.route_len(&a.op.work.route);
             if a.decoding.is_some() {
                 plan.decoding += 1;
                 plan.decode_context_tokens += u64::from(len);
-            } else {
+            } else if plan.pending.len() < MAX_PLAN_PENDING {
                 plan.pending.push(PendingPrefill {
                     ready_in_ms: 0.0,
                     done_tokens: len,
                     input_tokens: u32::try_from(a.op.work.request.tokens.len()).unwrap_or(u32::MAX),
                 });
             }
-        }
-        plan.pending.truncate(MAX_PLAN_PENDING);
-        if let Ok(mut slot) = self.ctx.engine_plan.lock() {
-            *slot = Some(plan);
         }
     }
 

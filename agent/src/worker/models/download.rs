@@ -12,9 +12,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use futures_util::StreamExt;
-use sha2::{Digest, Sha256};
-use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 
 use den_protocol::skulk::AttemptId;
@@ -94,53 +91,22 @@ async fn fetch(job: &DownloadJob, staging: &Path) -> Result<Installed, String> {
     };
     progress.report(true);
     for file in &job.artifact.files {
-        let mut stream = source.open(&file.path).await?;
         let target = file_path(staging, &file.path);
         if let Some(parent) = target.parent() {
             tokio::fs::create_dir_all(parent)
                 .await
                 .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
         }
-        let mut out = tokio::fs::File::create(&target)
-            .await
-            .map_err(|e| format!("cannot write {}: {e}", target.display()))?;
-        let mut hasher = Sha256::new();
-        let mut written: u64 = 0;
-        while let Some(chunk) = stream.next().await {
-            if job.cancel.load(Ordering::Relaxed) {
-                return Err("cancelled: the runner that needed it was removed".to_owned());
-            }
-            let chunk = chunk?;
-            written = written.saturating_add(chunk.len() as u64);
-            if written > file.bytes {
-                return Err(format!(
-                    "size mismatch for {}: the card says {} bytes, the source has more",
-                    file.path, file.bytes
-                ));
-            }
-            hasher.update(&chunk);
-            out.write_all(&chunk)
-                .await
-                .map_err(|e| format!("writing {} failed: {e}", target.display()))?;
-            progress.bytes = progress.bytes.saturating_add(chunk.len() as u64);
-            progress.report(false);
-        }
-        if written != file.bytes {
-            return Err(format!(
-                "size mismatch for {}: expected {} bytes, got {written}",
-                file.path, file.bytes
-            ));
-        }
-        let got = hex::encode(hasher.finalize());
-        if got != file.sha256 {
-            return Err(format!(
-                "checksum mismatch for {}: expected sha256 {}, got {got}",
-                file.path, file.sha256
-            ));
-        }
-        out.sync_all()
-            .await
-            .map_err(|e| format!("fsync of {} failed: {e}", target.display()))?;
+        source
+            .fetch_verified(file, &target, |n| {
+                if job.cancel.load(Ordering::Relaxed) {
+                    return Err("cancelled: the runner that needed it was removed".to_owned());
+                }
+                progress.bytes = progress.bytes.saturating_add(n as u64);
+                progress.report(false);
+                Ok(())
+            })
+            .await?;
         progress.files += 1;
         progress.report(true);
     }

@@ -177,23 +177,25 @@ impl Models {
             pool: None,
         };
         let runner = place.runner_id.clone();
-        if artifact.format == ArtifactFormat::Gguf && self.config.static_model {
+        let busy = if artifact.format == ArtifactFormat::Gguf && self.config.static_model {
+            Some(format!(
+                "worker {} serves its own --model-file; a placed model needs a worker started without one",
+                self.config.worker
+            ))
+        } else {
+            self.runners
+                .iter()
+                .find(|(_, e)| !e.removing)
+                .map(|(other, _)| {
+                    format!(
+                        "worker {} already runs runner {other} (one runner per worker)",
+                        self.config.worker
+                    )
+                })
+        };
+        if let Some(message) = busy {
             report.stage = RunnerStage::Failed {
-                message: format!(
-                    "worker {} serves its own --model-file; a placed model needs a worker started without one",
-                    self.config.worker
-                ),
-                code: "runner_busy".to_owned(),
-            };
-            self.insert(place, report, false);
-            return;
-        }
-        if let Some((other, _)) = self.runners.iter().find(|(_, e)| !e.removing) {
-            report.stage = RunnerStage::Failed {
-                message: format!(
-                    "worker {} already runs runner {other} (one runner per worker)",
-                    self.config.worker
-                ),
+                message,
                 code: "runner_busy".to_owned(),
             };
             self.insert(place, report, false);

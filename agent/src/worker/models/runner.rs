@@ -10,12 +10,10 @@
 //! use, held for the runner's lifetime and released when it is torn down (dropping
 //! [`Loaded`] frees both).
 
-use std::io::Read;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
 use den_model::sample::argmax;
@@ -26,6 +24,7 @@ use den_protocol::wire::{ArtifactFormat, ModelArtifact};
 
 use super::ModelEvent;
 use super::install::file_path;
+use super::source::{FileCheck, check_file};
 use crate::memory::{ArenaGeometry, CudaMemory, HostMemory, MemoryError, PageMemory, RowRun};
 use crate::model_file::{ModelFile, runner_options};
 use crate::worker::Backend;
@@ -320,30 +319,17 @@ fn verify_file(
     (base, total): (u64, u64),
     chunk: &mut dyn FnMut(&[u8]) -> Result<(), LoadError>,
 ) -> Result<(), LoadError> {
-    let mut f = std::fs::File::open(path).map_err(|e| {
-        LoadError::Corrupt(format!("installed file {} cannot be read: {e}", file.path))
-    })?;
-    let mut hasher = Sha256::new();
-    let mut read: u64 = 0;
-    let mut buf = vec![0u8; 1 << 20];
     let layers = u64::from(job.artifact.layers);
     let mut reported = u64::MAX;
-    loop {
+    let mut read: u64 = 0;
+    let checked = check_file(path, file, |bytes| {
         if job.cancel.load(Ordering::Relaxed) {
             return Err(LoadError::Failed(
                 "cancelled: the runner was removed while loading".into(),
             ));
         }
-        let n = f
-            .read(&mut buf)
-            .map_err(|e| LoadError::Failed(format!("reading {} failed: {e}", file.path)))?;
-        if n == 0 {
-            break;
-        }
-        let got = buf.get(..n).unwrap_or_default();
-        hasher.update(got);
-        chunk(got)?;
-        read += n as u64;
+        chunk(bytes)?;
+        read += bytes.len() as u64;
         let done = ((base + read).saturating_mul(layers) / total.max(1)).min(layers);
         if done != reported {
             reported = done;
@@ -353,21 +339,23 @@ fn verify_file(
                 total_layers: layers,
             });
         }
-    }
-    if read != file.bytes {
-        return Err(LoadError::Corrupt(format!(
-            "installed {} has {read} bytes, the card says {}",
+        Ok(())
+    });
+    checked.map_err(|e| match e {
+        FileCheck::Open(e) => {
+            LoadError::Corrupt(format!("installed file {} cannot be read: {e}", file.path))
+        }
+        FileCheck::Read(e) => LoadError::Failed(format!("reading {} failed: {e}", file.path)),
+        FileCheck::Stopped(e) => e,
+        FileCheck::Size(got) => LoadError::Corrupt(format!(
+            "installed {} has {got} bytes, the card says {}",
             file.path, file.bytes
-        )));
-    }
-    let got = hex::encode(hasher.finalize());
-    if got != file.sha256 {
-        return Err(LoadError::Corrupt(format!(
+        )),
+        FileCheck::Sha256(got) => LoadError::Corrupt(format!(
             "installed {} changed on disk: expected sha256 {}, got {got}",
             file.path, file.sha256
-        )));
-    }
-    Ok(())
+        )),
+    })
 }
 
 /// Opens an arena on the worker's backend.

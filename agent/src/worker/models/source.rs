@@ -7,6 +7,7 @@
 //! (a card has none), connect within [`CONNECT_TIMEOUT`] and fail when no byte arrives
 //! for [`READ_TIMEOUT`]: a stalled server fails the attempt instead of hanging it.
 
+use std::path::Path;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -14,6 +15,10 @@ use futures_util::StreamExt;
 use futures_util::stream::BoxStream;
 use object_store::ObjectStoreExt;
 use object_store::path::Path as ObjectPath;
+use sha2::{Digest, Sha256};
+use tokio::io::AsyncWriteExt;
+
+use den_protocol::wire::ArtifactFile;
 
 use crate::tiers::ObjectConfig;
 use crate::tiers::object::open_store;
@@ -126,6 +131,103 @@ impl Source {
                     .boxed())
             }
         }
+    }
+}
+
+/// Why a local file is not the one its card names.
+#[derive(Debug)]
+pub enum FileCheck<E> {
+    Open(std::io::Error),
+    Read(std::io::Error),
+    /// `on_read` stopped the check.
+    Stopped(E),
+    /// Its size, not the card's.
+    Size(u64),
+    /// Its SHA-256, not the card's.
+    Sha256(String),
+}
+
+/// Reads `path` through in 1 MiB buffers, checking its size and SHA-256 against `file`;
+/// `on_read` sees every buffer and may stop the check (cancellation, a failed copy).
+/// Blocking: call it from a blocking thread.
+pub fn check_file<E>(
+    path: &Path,
+    file: &ArtifactFile,
+    mut on_read: impl FnMut(&[u8]) -> Result<(), E>,
+) -> Result<(), FileCheck<E>> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path).map_err(FileCheck::Open)?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut read: u64 = 0;
+    loop {
+        let n = f.read(&mut buf).map_err(FileCheck::Read)?;
+        if n == 0 {
+            break;
+        }
+        let got = buf.get(..n).unwrap_or_default();
+        hasher.update(got);
+        on_read(got).map_err(FileCheck::Stopped)?;
+        read += n as u64;
+    }
+    if read != file.bytes {
+        return Err(FileCheck::Size(read));
+    }
+    let got = hex::encode(hasher.finalize());
+    if got != file.sha256 {
+        return Err(FileCheck::Sha256(got));
+    }
+    Ok(())
+}
+
+impl Source {
+    /// Fetches `file` into `target` (created or truncated), hashing as bytes arrive:
+    /// more bytes than the card says stop it at once; a short file or another SHA-256
+    /// is an error naming the file; the written file is fsynced. `on_chunk` sees each
+    /// chunk's length and may stop the fetch (cancellation; it also reports progress).
+    pub async fn fetch_verified(
+        &self,
+        file: &ArtifactFile,
+        target: &Path,
+        mut on_chunk: impl FnMut(usize) -> Result<(), String>,
+    ) -> Result<(), String> {
+        let mut stream = self.open(&file.path).await?;
+        let mut out = tokio::fs::File::create(target)
+            .await
+            .map_err(|e| format!("cannot write {}: {e}", target.display()))?;
+        let mut hasher = Sha256::new();
+        let mut written: u64 = 0;
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk?;
+            written = written.saturating_add(chunk.len() as u64);
+            if written > file.bytes {
+                return Err(format!(
+                    "size mismatch for {}: the card says {} bytes, the source has more",
+                    file.path, file.bytes
+                ));
+            }
+            hasher.update(&chunk);
+            out.write_all(&chunk)
+                .await
+                .map_err(|e| format!("writing {} failed: {e}", target.display()))?;
+            on_chunk(chunk.len())?;
+        }
+        if written != file.bytes {
+            return Err(format!(
+                "size mismatch for {}: expected {} bytes, got {written}",
+                file.path, file.bytes
+            ));
+        }
+        let got = hex::encode(hasher.finalize());
+        if got != file.sha256 {
+            return Err(format!(
+                "checksum mismatch for {}: expected sha256 {}, got {got}",
+                file.path, file.sha256
+            ));
+        }
+        out.sync_all()
+            .await
+            .map_err(|e| format!("fsync of {} failed: {e}", target.display()))
     }
 }
 
