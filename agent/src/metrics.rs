@@ -176,7 +176,20 @@ impl Metrics {
         if family.kind != kind {
             return;
         }
-        f(family.series.entry(owned(labels)).or_default());
+        // Hot paths count every frame: find an existing series without allocating its
+        // key (label sets are a handful of short pairs).
+        let existing = if family.series.len() <= 16 {
+            family
+                .series
+                .iter_mut()
+                .find(|(k, _)| same_labels(k, labels))
+        } else {
+            None
+        };
+        match existing {
+            Some((_, series)) => f(series),
+            None => f(family.series.entry(owned(labels)).or_default()),
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, BTreeMap<&'static str, Family>> {
@@ -184,6 +197,14 @@ impl Metrics {
         // that matters for monitoring, so recover from poisoning.
         self.families.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// `stored` (sorted) holds exactly the pairs of `given` (any order, no duplicates).
+fn same_labels(stored: &Labels, given: &[(&str, &str)]) -> bool {
+    stored.len() == given.len()
+        && given
+            .iter()
+            .all(|(k, v)| stored.iter().any(|(sk, sv)| sk == k && sv == v))
 }
 
 fn owned(labels: &[(&str, &str)]) -> Labels {

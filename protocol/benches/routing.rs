@@ -78,7 +78,13 @@ fn candidates(workers: usize) -> Vec<Candidate> {
 }
 
 /// Rank + submit handling → the first offer effect.
-#[divan::bench(args = [8, 64, 512])]
+///
+/// One decision per sample, its candidates cloned just before: the router builds them
+/// (`candidates_for`) immediately before submitting, so they are in cache. With many
+/// iterations per sample, divan would build every input first and each decision would
+/// read its candidates cold from memory (~150 KB at 64 workers), which measured the
+/// memory system rather than the decision.
+#[divan::bench(args = [8, 64, 512], sample_size = 1, sample_count = 2000)]
 fn submit_to_first_offer(bencher: Bencher, workers: usize) {
     let request = request();
     let all = candidates(workers);

@@ -13,7 +13,7 @@ use std::fmt;
 use serde::ser::SerializeSeq;
 use serde::{Deserialize, Serialize, Serializer};
 
-use crate::candidate::{Candidate, Estimate, Ranking, Scored, Tier, estimate};
+use crate::candidate::{Candidate, Estimate, Ranking, Scored, Tier, estimate_shape};
 use crate::capacity::DeclineReason;
 use crate::ids::{Epoch, ModelFingerprint, RequestId, WorkerId};
 use crate::request::GenerationRequest;
@@ -208,10 +208,11 @@ pub enum DecisionEventKind {
 
 /// Every candidate of one request with its estimate, in submission order.
 ///
-/// The router ranks lazily: the first offer needs only the best candidate (one linear
-/// pass); the full offer order is sorted only if a fallback is needed. Both use the order
-/// of [`crate::candidate::offer_order`] — `(ttft, −cached, worker id, tier)`, ties kept in
-/// submission order — so the offers made are exactly those of [`crate::candidate::rank`].
+/// The router ranks lazily: the first offer needs only the best candidate, found while
+/// scoring (one pass); the full offer order is sorted only if a fallback is needed. Both
+/// use the order of [`crate::candidate::offer_order`] — `(ttft + imposed delay, −cached,
+/// worker id, tier)`, ties kept in submission order — so the offers made are exactly
+/// those of [`crate::candidate::rank`] sorted by that order.
 /// Serialised as a list of `{candidate, estimate}` pairs.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(from = "Vec<Scored>")]
@@ -219,17 +220,89 @@ pub struct CandidateSnapshot {
     candidates: Vec<Candidate>,
     estimates: Vec<Estimate>,
     feasible: usize,
+    /// The first feasible candidate in offer order.
+    best: Option<usize>,
+}
+
+/// What the offer order compares, given each candidate's fleet cost (own TTFT plus the
+/// delay imposed on the worker's pending requests): the cost, then the longer prefix,
+/// the worker id and the tier.
+fn order(ca: &Candidate, cost_a: f64, cb: &Candidate, cost_b: f64) -> Ordering {
+    cost_a
+        .total_cmp(&cost_b)
+        .then_with(|| cb.cached_token_count.cmp(&ca.cached_token_count))
+        .then_with(|| ca.worker_id.cmp(&cb.worker_id))
+        .then_with(|| ca.tier.cmp(&cb.tier))
+}
+
+fn cost(c: &Candidate, e: &Estimate) -> f64 {
+    e.ttft_ms + c.imposed_ms
+}
+
+/// The index of the first feasible candidate in offer order, fed one candidate at a
+/// time (an earlier index wins an exact tie).
+#[derive(Default)]
+struct BestSoFar(Option<(usize, f64)>);
+
+impl BestSoFar {
+    #[inline]
+    fn offer(&mut self, i: usize, c: &Candidate, e: &Estimate, all: &[Candidate]) {
+        if !e.feasible() {
+            return;
+        }
+        let cost = cost(c, e);
+        let better = match self.0 {
+            None => true,
+            Some((b, best_cost)) => match cost.total_cmp(&best_cost) {
+                Ordering::Less => true,
+                Ordering::Greater => false,
+                // Prefix lengths and names are compared only on a tie of cost.
+                Ordering::Equal => all
+                    .get(b)
+                    .is_some_and(|cb| order(c, cost, cb, best_cost) == Ordering::Less),
+            },
+        };
+        if better {
+            self.0 = Some((i, cost));
+        }
+    }
 }
 
 impl CandidateSnapshot {
-    /// Estimate every candidate for `request` (no copies of the candidates).
+    /// Estimate every candidate for `request` (no copies of the candidates), finding the
+    /// best one on the way.
     pub fn score(request: &GenerationRequest, candidates: Vec<Candidate>) -> Self {
-        let estimates: Vec<Estimate> = candidates.iter().map(|c| estimate(request, c)).collect();
-        let feasible = estimates.iter().filter(|e| e.feasible()).count();
+        let (processed, max_new) = (request.processed(), request.max_new_tokens);
+        let mut feasible = 0;
+        let mut best = BestSoFar::default();
+        let estimates: Vec<Estimate> = candidates
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let e = estimate_shape(processed, max_new, c);
+                feasible += usize::from(e.feasible());
+                best.offer(i, c, &e, &candidates);
+                e
+            })
+            .collect();
         CandidateSnapshot {
             candidates,
             estimates,
             feasible,
+            best: best.0.map(|(i, _)| i),
+        }
+    }
+
+    fn assemble(candidates: Vec<Candidate>, estimates: Vec<Estimate>) -> Self {
+        let mut best = BestSoFar::default();
+        for (i, (c, e)) in candidates.iter().zip(&estimates).enumerate() {
+            best.offer(i, c, e, &candidates);
+        }
+        CandidateSnapshot {
+            feasible: estimates.iter().filter(|e| e.feasible()).count(),
+            best: best.0.map(|(i, _)| i),
+            candidates,
+            estimates,
         }
     }
 
@@ -260,31 +333,9 @@ impl CandidateSnapshot {
         self.iter().filter(|(_, e)| !e.feasible())
     }
 
-    /// The first feasible candidate in offer order, in one pass.
+    /// The first feasible candidate in offer order.
     pub fn best(&self) -> Option<usize> {
-        // (index, ttft, cached) of the best so far; names are compared only on ties.
-        let mut best: Option<(usize, f64, u32)> = None;
-        for (i, (c, e)) in self.iter().enumerate() {
-            if !e.feasible() {
-                continue;
-            }
-            let better = match best {
-                None => true,
-                Some((b, ttft, cached)) => match e
-                    .ttft_ms
-                    .total_cmp(&ttft)
-                    .then_with(|| cached.cmp(&c.cached_token_count))
-                {
-                    Ordering::Less => true,
-                    Ordering::Greater => false,
-                    Ordering::Equal => self.compare(i, b) == Ordering::Less,
-                },
-            };
-            if better {
-                best = Some((i, e.ttft_ms, c.cached_token_count));
-            }
-        }
-        best.map(|(i, _, _)| i)
+        self.best
     }
 
     /// Feasible candidates in offer order (submission order breaks exact ties).
@@ -316,12 +367,7 @@ impl CandidateSnapshot {
     /// [`crate::candidate::offer_order`] on two indices.
     fn compare(&self, a: usize, b: usize) -> Ordering {
         match (self.get(a), self.get(b)) {
-            (Some((ca, ea)), Some((cb, eb))) => ea
-                .ttft_ms
-                .total_cmp(&eb.ttft_ms)
-                .then_with(|| cb.cached_token_count.cmp(&ca.cached_token_count))
-                .then_with(|| ca.worker_id.cmp(&cb.worker_id))
-                .then_with(|| ca.tier.cmp(&cb.tier)),
+            (Some((ca, ea)), Some((cb, eb))) => order(ca, cost(ca, ea), cb, cost(cb, eb)),
             // Indices come from this snapshot; keep the order total anyway.
             _ => a.cmp(&b),
         }
@@ -334,12 +380,7 @@ impl From<Vec<Scored>> for CandidateSnapshot {
             .into_iter()
             .map(|s| (s.candidate, s.estimate))
             .unzip();
-        let feasible = estimates.iter().filter(|e| e.feasible()).count();
-        CandidateSnapshot {
-            candidates,
-            estimates,
-            feasible,
-        }
+        CandidateSnapshot::assemble(candidates, estimates)
     }
 }
 

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::{SinkExt, StreamExt};
 use serde_json::json;
+use tokio::sync::oneshot;
 use tokio_tungstenite::tungstenite::Message;
 
 use den_agent::engine::EngineCosts;
@@ -45,6 +46,9 @@ fn run() -> Result<(), String> {
     let n_latency = if quick { 300 } else { 3000 };
     let n_throughput = if quick { 2000 } else { 20000 };
     let hb_secs = if quick { 1.0 } else { 3.0 };
+    if std::env::args().any(|a| a == "--heartbeats") {
+        return heartbeats(hb_secs);
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -164,22 +168,33 @@ fn heartbeats(secs: f64) -> Result<(), String> {
     // The router's whole runtime on one thread.
     let (addr_tx, addr_rx) = std::sync::mpsc::channel();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let router_thread = std::thread::spawn(move || {
-        let rt = match tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-        {
-            Ok(rt) => rt,
-            Err(e) => {
-                let _ = addr_tx.send(Err(format!("router runtime: {e}")));
-                return;
-            }
-        };
-        rt.block_on(async move {
-            let _ = addr_tx.send(router().await);
-            let _ = stop_rx.await;
+    // Asks the router thread for its own CPU time (per core = per CPU-second of it).
+    let (cpu_tx, mut cpu_rx) = tokio::sync::mpsc::channel::<oneshot::Sender<Option<Duration>>>(4);
+    let router_thread = std::thread::Builder::new()
+        .name("hb-router".into())
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    let _ = addr_tx.send(Err(format!("router runtime: {e}")));
+                    return;
+                }
+            };
+            rt.block_on(async move {
+                let _ = addr_tx.send(router().await);
+                // A current-thread runtime: this task reads the router thread's own clock.
+                tokio::spawn(async move {
+                    while let Some(reply) = cpu_rx.recv().await {
+                        let _ = reply.send(thread_cpu());
+                    }
+                });
+                let _ = stop_rx.await;
+            });
         });
-    });
+    let router_thread = router_thread.map_err(|e| format!("router thread: {e}"))?;
     let (handle, addr) = addr_rx
         .recv()
         .map_err(|_| "the router thread ended".to_owned())??;
@@ -189,7 +204,7 @@ fn heartbeats(secs: f64) -> Result<(), String> {
         .build()
         .map_err(|e| format!("client runtime: {e}"))?;
     let count = |h: &RouterHandle| h.metrics().value("den_router_heartbeats_total", &[]);
-    let (elapsed, accepted) = clients.block_on(async {
+    let (elapsed, accepted, busy) = clients.block_on(async {
         let conns = 8;
         let stop = Arc::new(AtomicBool::new(false));
         let mut tasks = Vec::new();
@@ -198,25 +213,53 @@ fn heartbeats(secs: f64) -> Result<(), String> {
             tasks.push(tokio::spawn(heartbeat_client(addr, c, stop)));
         }
         tokio::time::sleep(Duration::from_millis(300)).await; // connect and warm up
+        let cpu = || async {
+            let (tx, rx) = oneshot::channel();
+            cpu_tx.send(tx).await.ok()?;
+            rx.await.ok().flatten()
+        };
+        let cpu0 = cpu().await;
         let c0 = count(&handle);
         let t0 = Instant::now();
         tokio::time::sleep(Duration::from_secs_f64(secs)).await;
         let c1 = count(&handle);
         let elapsed = t0.elapsed();
+        let cpu1 = cpu().await;
         stop.store(true, Ordering::Relaxed);
         for t in tasks {
             let _ = tokio::time::timeout(Duration::from_secs(2), t).await;
         }
-        (elapsed, c1 - c0)
+        let busy = match (cpu0, cpu1) {
+            (Some(a), Some(b)) => b.checked_sub(a),
+            _ => None,
+        };
+        (elapsed, c1 - c0, busy)
     });
     println!(
         "heartbeats: {:.0} accepted per second by a router on one thread (8 connections, {:.1} s)",
         accepted / elapsed.as_secs_f64(),
         elapsed.as_secs_f64()
     );
+    // The clients share the machine's cores with the router, so the wall-clock rate is
+    // bounded by them too; the router thread's own CPU time gives the per-core figure.
+    match busy {
+        Some(busy) if !busy.is_zero() => println!(
+            "heartbeats per core: {:.0} per CPU-second of the router thread ({:.0} % of a core busy)",
+            accepted / busy.as_secs_f64(),
+            100.0 * busy.as_secs_f64() / elapsed.as_secs_f64()
+        ),
+        _ => println!("heartbeats per core: the router thread's CPU time is not readable here"),
+    }
     let _ = stop_tx.send(());
     let _ = router_thread.join();
     Ok(())
+}
+
+/// CPU time the calling thread has run (Linux `/proc/thread-self/schedstat`).
+fn thread_cpu() -> Option<Duration> {
+    let text = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    let ns: u64 = text.split_whitespace().next()?.parse().ok()?;
+    Some(Duration::from_nanos(ns))
 }
 
 /// One connection sending heartbeats with increasing sequence numbers until `stop`.

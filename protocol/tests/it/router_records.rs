@@ -340,3 +340,52 @@ fn router_errors_display_as_one_line() {
         );
     }
 }
+
+/// The router offers by fleet cost — the request's own predicted TTFT plus the delay it
+/// would impose on the worker's pending requests — as `candidate::offer_order` and the
+/// simulator's den policy do; on a decline, the next one in that order.
+#[test]
+fn offers_follow_ttft_plus_imposed_delay() {
+    // "fast" has the lower own TTFT (queue 0 vs 10) but would delay its pending
+    // requests by 50 ms; "calm" costs 10 ms more and imposes nothing.
+    let fast = Candidate {
+        imposed_ms: 50.0,
+        ..router_cand("fast", Tier::None, 0)
+    };
+    let calm = Candidate {
+        queue_ms: 10.0,
+        ..router_cand("calm", Tier::None, 0)
+    };
+    let mut router = Router::default();
+    let effects = router.handle(
+        T0,
+        RouterInput::Submit {
+            request: Arc::new(router_request("r")),
+            candidates: vec![fast.clone(), calm.clone()],
+            deadline: None,
+        },
+    );
+    assert_eq!(sends(&effects), [("offer", "calm".to_owned(), 1)]);
+    let effects = router.handle(
+        Millis(1),
+        decline(a("r", 1), DeclineReason::InsufficientPages),
+    );
+    assert_eq!(sends(&effects), [("offer", "fast".to_owned(), 2)]);
+    // Without the imposed delay the order is by own TTFT.
+    let mut router = Router::default();
+    let effects = router.handle(
+        T0,
+        RouterInput::Submit {
+            request: Arc::new(router_request("r")),
+            candidates: vec![
+                Candidate {
+                    imposed_ms: 0.0,
+                    ..fast
+                },
+                calm,
+            ],
+            deadline: None,
+        },
+    );
+    assert_eq!(sends(&effects), [("offer", "fast".to_owned(), 1)]);
+}

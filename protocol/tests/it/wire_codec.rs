@@ -536,3 +536,57 @@ fn codec_errors_quote_peer_input_without_escape_sequences() {
         "{message:?}"
     );
 }
+
+/// Heartbeats and tokens take a one-pass decoder at the router; whatever it cannot take
+/// goes the field-by-field way, so both give the same frames and the same named errors.
+#[test]
+fn hot_frames_decode_as_the_field_by_field_path_does() {
+    let hb = ToRouter::Heartbeat(Box::new(Heartbeat {
+        observation: observation(),
+    }));
+    let token = ToRouter::Token(TokenDelta {
+        assignment: AssignmentId::new("request-1", 3),
+        token: 17,
+        index: 4,
+    });
+    for f in [&hb, &token] {
+        let mut v = value_of(&encode(f).unwrap());
+        // Unknown extra fields (a newer peer's) and any key order are accepted.
+        v["from_a_newer_peer"] = json!({"nested": [1, 2, 3]});
+        assert_eq!(&at_router(&frame(v)).unwrap(), f);
+    }
+    // A field both frames name, present with the other frame's type: ignored as extra.
+    let mut hb_with_token = value_of(&encode(&hb).unwrap());
+    hb_with_token["token"] = json!("not a number");
+    assert_eq!(at_router(&frame(hb_with_token)).unwrap(), hb);
+
+    let mut attempt0 = value_of(&encode(&token).unwrap());
+    attempt0["assignment"]["attempt"] = json!(0);
+    assert_eq!(
+        invalid_field(at_router(&frame(attempt0)).unwrap_err()).0,
+        "assignment.attempt"
+    );
+    let mut no_index = value_of(&encode(&token).unwrap());
+    no_index.as_object_mut().unwrap().remove("index");
+    assert_eq!(
+        invalid_field(at_router(&frame(no_index)).unwrap_err()),
+        ("index".to_owned(), "is missing".to_owned())
+    );
+    let mut null_observation = value_of(&encode(&hb).unwrap());
+    null_observation["observation"] = Value::Null;
+    assert_eq!(
+        invalid_field(at_router(&frame(null_observation)).unwrap_err()).0,
+        "observation"
+    );
+    let mut bad_pages = value_of(&encode(&hb).unwrap());
+    bad_pages["observation"]["free_pages"] = json!(-3);
+    assert_eq!(
+        invalid_field(at_router(&frame(bad_pages)).unwrap_err()).0,
+        "observation"
+    );
+    // A duplicated key: the field-by-field path keeps the last one, as it always has.
+    let text = String::from_utf8(encode(&token).unwrap()).unwrap();
+    let dup = text.replacen("\"index\":4", "\"index\":9,\"index\":4", 1);
+    assert_ne!(dup, text, "the frame has an index field to duplicate");
+    assert_eq!(at_router(dup.as_bytes()).unwrap(), token);
+}

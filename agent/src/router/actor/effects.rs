@@ -296,7 +296,9 @@ impl RouterActor {
             }
         }
         if workers_changed {
-            self.update_models();
+            // Rebuilt once per batch of commands (`flush`), not per heartbeat: the
+            // listing is O(workers), so per heartbeat it was O(workers²) per interval.
+            self.models_dirty = true;
         }
         self.drain_pending();
     }

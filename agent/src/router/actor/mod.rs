@@ -157,6 +157,8 @@ pub struct RouterActor {
     pending: VecDeque<RouterInput>,
     /// Records changed since the last feed flush.
     dirty: BTreeSet<RequestId>,
+    /// A worker's observation changed since the served-model listing was last rebuilt.
+    models_dirty: bool,
     started: Instant,
     shutdown: Option<(Instant, oneshot::Sender<()>)>,
     cancelled_for_shutdown: bool,
@@ -198,6 +200,7 @@ impl RouterActor {
             deliveries: BTreeMap::new(),
             pending: VecDeque::new(),
             dirty: BTreeSet::new(),
+            models_dirty: false,
             started: Instant::now(),
             shutdown: None,
             cancelled_for_shutdown: false,
@@ -248,6 +251,9 @@ impl RouterActor {
                         let _ = self.shared.feed.send(frame);
                     }
                 }
+            }
+            if std::mem::take(&mut self.models_dirty) {
+                self.update_models();
             }
             self.flush_feed();
             if self.shutdown_done() {
