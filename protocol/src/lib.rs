@@ -18,6 +18,9 @@
 //! - [`wire`]: control-channel frames and their codec;
 //! - [`router`], [`worker`]: the router and worker state machines; [`decision`]: the
 //!   router's decision records;
+//! - [`router_node`]: the whole router — the router machine, discovery, the chunk
+//!   catalog, candidates, in-flight work, speculative prefixes, pinning, fencing — as one
+//!   machine with one `handle`;
 //! - [`sim`]: the deterministic simulator that drives both machines;
 //! - [`skulk`]: the Skulk-compatible management API types (both dialects);
 //! - [`evidence`]: the evidence reducer and readiness verdicts;
@@ -47,6 +50,7 @@ pub mod pool;
 pub mod recording;
 pub mod request;
 pub mod router;
+pub mod router_node;
 pub mod session;
 pub mod sim;
 pub mod skulk;

@@ -60,7 +60,7 @@ pub async fn serve(socket: WebSocket, handle: RouterHandle) {
     let hello = match frame_bytes(&first).map(|b| decode_for_router(b, max_frame)) {
         Some(Ok(ToRouter::Hello(h))) => h,
         Some(Ok(other)) => {
-            let detail = format!("the first frame must be hello, not {}", type_of(&other));
+            let detail = format!("the first frame must be hello, not {}", other.kind());
             refuse(&handle, &mut sink, RefusalReason::Malformed, detail).await;
             return;
         }
@@ -284,18 +284,6 @@ fn reason_of(e: &CodecError) -> RefusalReason {
     match e {
         CodecError::UnsupportedVersion { .. } => RefusalReason::UnsupportedVersion,
         _ => RefusalReason::Malformed,
-    }
-}
-
-fn type_of(frame: &ToRouter) -> &'static str {
-    match frame {
-        ToRouter::Hello(_) => "hello",
-        ToRouter::Heartbeat(_) => "heartbeat",
-        ToRouter::OfferResult(_) => "offer-result",
-        ToRouter::Token(_) => "token",
-        ToRouter::Result(_) => "result",
-        ToRouter::Publish(_) => "publish",
-        ToRouter::Retract(_) => "retract",
     }
 }
 

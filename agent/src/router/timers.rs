@@ -4,45 +4,25 @@
 
 use std::collections::BTreeMap;
 
-use den_protocol::discovery::ConnectionId;
-use den_protocol::ids::{AssignmentId, HeartbeatVersion, RequestId, WorkerId};
+use den_protocol::router_node::{Timer, TimerKey};
 use den_protocol::time::Millis;
-
-/// What a timer is for (one live timer per key).
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub enum TimerKey {
-    Offer(AssignmentId),
-    Deadline(RequestId),
-    Expiry(WorkerId),
-}
-
-/// What firing a timer means.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Fired {
-    Offer(AssignmentId),
-    Deadline(RequestId),
-    Expiry {
-        worker: WorkerId,
-        connection: ConnectionId,
-        version: HeartbeatVersion,
-    },
-}
 
 #[derive(Debug, Default)]
 pub struct TimerWheel {
     seq: u64,
-    due: BTreeMap<(Millis, u64), (TimerKey, Fired)>,
+    due: BTreeMap<(Millis, u64), Timer>,
     keys: BTreeMap<TimerKey, (Millis, u64)>,
 }
 
 impl TimerWheel {
-    /// Arm `key` to fire `fired` at `at`, replacing an earlier timer of the same key.
-    pub fn set(&mut self, key: TimerKey, at: Millis, fired: Fired) {
+    /// Arm `timer` to fire at `at`, replacing an earlier timer of the same key.
+    pub fn set(&mut self, timer: Timer, at: Millis) {
+        let key = timer.key();
         self.cancel(&key);
         self.seq += 1;
         let slot = (at, self.seq);
-        self.keys.insert(key.clone(), slot);
-        self.due.insert(slot, (key, fired));
+        self.keys.insert(key, slot);
+        self.due.insert(slot, timer);
     }
 
     pub fn cancel(&mut self, key: &TimerKey) {
@@ -57,15 +37,15 @@ impl TimerWheel {
     }
 
     /// Remove and return every timer due at or before `now`, earliest first.
-    pub fn pop_due(&mut self, now: Millis) -> Vec<Fired> {
+    pub fn pop_due(&mut self, now: Millis) -> Vec<Timer> {
         let mut out = Vec::new();
         while let Some(entry) = self.due.first_entry() {
             if entry.key().0 > now {
                 break;
             }
-            let (key, fired) = entry.remove();
-            self.keys.remove(&key);
-            out.push(fired);
+            let timer = entry.remove();
+            self.keys.remove(&timer.key());
+            out.push(timer);
         }
         out
     }
@@ -82,40 +62,25 @@ impl TimerWheel {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use den_protocol::ids::AssignmentId;
 
     #[test]
     fn fires_in_order_and_replaces_or_cancels_by_key() {
         let mut w = TimerWheel::default();
         let a = AssignmentId::new("r", 1);
-        w.set(
-            TimerKey::Offer(a.clone()),
-            Millis(50),
-            Fired::Offer(a.clone()),
-        );
-        w.set(
-            TimerKey::Deadline("r".into()),
-            Millis(10),
-            Fired::Deadline("r".into()),
-        );
+        w.set(Timer::Offer(a.clone()), Millis(50));
+        w.set(Timer::Deadline("r".into()), Millis(10));
         // Re-arming replaces: only one offer timer, now at 30.
-        w.set(
-            TimerKey::Offer(a.clone()),
-            Millis(30),
-            Fired::Offer(a.clone()),
-        );
+        w.set(Timer::Offer(a.clone()), Millis(30));
         assert_eq!(w.len(), 2);
         assert_eq!(w.next_due(), Some(Millis(10)));
         assert_eq!(w.pop_due(Millis(5)), vec![]);
         assert_eq!(
             w.pop_due(Millis(30)),
-            vec![Fired::Deadline("r".into()), Fired::Offer(a.clone())]
+            vec![Timer::Deadline("r".into()), Timer::Offer(a.clone())]
         );
         assert!(w.is_empty());
-        w.set(
-            TimerKey::Offer(a.clone()),
-            Millis(1),
-            Fired::Offer(a.clone()),
-        );
+        w.set(Timer::Offer(a.clone()), Millis(1));
         w.cancel(&TimerKey::Offer(a));
         assert_eq!(w.pop_due(Millis(100)), vec![]);
         assert_eq!(w.next_due(), None);

@@ -337,6 +337,21 @@ pub enum ToRouter {
     Retract(Retract),
 }
 
+impl ToRouter {
+    /// The frame's wire `type`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ToRouter::Hello(_) => "hello",
+            ToRouter::Heartbeat(_) => "heartbeat",
+            ToRouter::OfferResult(_) => "offer-result",
+            ToRouter::Token(_) => "token",
+            ToRouter::Result(_) => "result",
+            ToRouter::Publish(_) => "publish",
+            ToRouter::Retract(_) => "retract",
+        }
+    }
+}
+
 impl From<WorkerMessage> for ToRouter {
     fn from(m: WorkerMessage) -> Self {
         match m {

@@ -1,134 +1,185 @@
-//! Interpreting the router machine's and discovery's effects: sends (with the fast
-//! fallback for workers without a route), timers, deliveries, detaches.
+//! Carrying out the router node's effects: frames to connections (a failed send handed
+//! back), timers, deliveries to clients, metrics and logs, the console feed and the
+//! management API's view of workers.
 
-use den_protocol::candidate::added_work_ms;
+use den_protocol::discovery::Observed;
+use den_protocol::router_node::Count;
 
 use super::*;
 
 impl RouterActor {
-    /// Hand one input to the machine, then everything its effects fed back.
-    pub(super) fn drive(&mut self, input: RouterInput) {
-        self.pending.push_back(input);
-        self.drain_pending();
-    }
-
-    pub(super) fn drain_pending(&mut self) {
-        while let Some(input) = self.pending.pop_front() {
-            let effects = self.router.handle(self.now(), input);
-            self.apply_router(effects);
-        }
-    }
-
-    pub(super) fn apply_router(&mut self, effects: Vec<RouterEffect>) {
-        for effect in effects {
-            match effect {
-                RouterEffect::Send(out) => {
-                    let kind = out.message.kind();
-                    let Some(conn) = self.discovery.route(&out.to) else {
-                        if let RouterMessage::Offer(o) = &out.message {
-                            // Fast fallback: no live route, no waiting for the timer.
-                            self.metrics().counter_add(
-                                "den_router_offers_without_route_total",
-                                "Offers to a worker with no live route (failed at once).",
-                                &[],
-                                1.0,
-                            );
-                            self.pending.push_back(RouterInput::WorkerUnavailable {
-                                worker: out.to.clone(),
-                                assignment: o.assignment.clone(),
-                            });
-                        }
-                        continue;
-                    };
-                    let text = match encode(&out) {
-                        Ok(b) => String::from_utf8_lossy(&b).into_owned(),
-                        Err(e) => {
-                            tracing::error!("cannot encode a {kind} frame: {e}");
-                            continue;
-                        }
-                    };
-                    let sent = self
-                        .conns
-                        .get(&conn)
-                        .is_some_and(|c| c.outbound.try_send(Outbound::Frame(text)).is_ok());
-                    if sent {
-                        if let RouterMessage::Offer(o) = &out.message {
-                            let work = added_work_ms(&o.candidate, &o.estimate);
-                            self.unreflected
-                                .offered(&out.to, o.assignment.clone(), work);
-                        }
-                        self.metrics().counter_add(
-                            "den_router_frames_sent_total",
-                            "Frames sent to workers, by type.",
-                            &[("type", kind)],
-                            1.0,
-                        );
-                    } else {
-                        tracing::warn!(worker = %out.to, "send to worker failed; detaching it");
-                        if let Some(c) = self.conns.get(&conn) {
-                            let _ = c.outbound.try_send(Outbound::Refuse {
-                                reason: RefusalReason::Malformed,
-                                detail: "the worker does not read its frames (outbound queue full)"
-                                    .into(),
-                            });
-                        }
-                        let effects = self.discovery.handle(
-                            self.now(),
-                            DiscoveryInput::SendFailed {
-                                connection: conn,
-                                worker: out.to.clone(),
-                            },
-                        );
-                        self.apply_discovery(effects);
-                    }
+    /// Hand one input to the node, then carry out its effects (and whatever they feed
+    /// back: failed sends, cancels for vanished clients).
+    pub(super) fn drive(&mut self, input: NodeInput) {
+        let mut inputs = std::collections::VecDeque::from([input]);
+        while let Some(input) = inputs.pop_front() {
+            let effects = self.node.handle(self.now(), input);
+            for effect in effects {
+                if let Some(back) = self.apply(effect) {
+                    inputs.push_back(back);
                 }
-                RouterEffect::Local(local) => match local {
-                    LocalRouterEffect::SetOfferTimer { assignment, at } => self.timers.set(
-                        TimerKey::Offer(assignment.clone()),
-                        at,
-                        Fired::Offer(assignment),
-                    ),
-                    LocalRouterEffect::CancelOfferTimer { assignment } => {
-                        self.timers.cancel(&TimerKey::Offer(assignment))
-                    }
-                    LocalRouterEffect::SetDeadlineTimer { request, at } => self.timers.set(
-                        TimerKey::Deadline(request.clone()),
-                        at,
-                        Fired::Deadline(request),
-                    ),
-                    LocalRouterEffect::CancelDeadlineTimer { request } => {
-                        self.timers.cancel(&TimerKey::Deadline(request))
-                    }
-                    LocalRouterEffect::Deliver(d) => self.deliver(d),
-                    LocalRouterEffect::Decision(e) => self.on_decision(e),
-                },
             }
         }
     }
 
-    pub(super) fn deliver(&mut self, d: Delivery) {
+    /// One effect; `Some` is an input for the node that carrying it out produced.
+    fn apply(&mut self, effect: NodeEffect) -> Option<NodeInput> {
+        match effect {
+            NodeEffect::Send { conn, frame } => {
+                let kind = frame.message.kind();
+                let text = match encode(&frame) {
+                    Ok(b) => String::from_utf8_lossy(&b).into_owned(),
+                    Err(e) => {
+                        tracing::error!("cannot encode a {kind} frame: {e}");
+                        return None;
+                    }
+                };
+                let sent = self
+                    .conns
+                    .get(&conn)
+                    .is_some_and(|c| c.outbound.try_send(Outbound::Frame(text)).is_ok());
+                if sent {
+                    self.metrics().counter_add(
+                        "den_router_frames_sent_total",
+                        "Frames sent to workers, by type.",
+                        &[("type", kind)],
+                        1.0,
+                    );
+                    return None;
+                }
+                tracing::warn!(worker = %frame.to, "send to worker failed; detaching it");
+                if let Some(c) = self.conns.get(&conn) {
+                    let _ = c.outbound.try_send(Outbound::Refuse {
+                        reason: RefusalReason::Malformed,
+                        detail: "the worker does not read its frames (outbound queue full)".into(),
+                    });
+                }
+                Some(NodeInput::SendFailed {
+                    conn,
+                    worker: frame.to,
+                })
+            }
+            NodeEffect::Refuse { conn, detail } => {
+                tracing::warn!(conn = conn.0, "refusing a worker connection: {detail}");
+                if let Some(c) = self.conns.get(&conn) {
+                    let _ = c.outbound.try_send(Outbound::Refuse {
+                        reason: RefusalReason::Malformed,
+                        detail,
+                    });
+                }
+                None
+            }
+            NodeEffect::SetTimer { timer, at } => {
+                self.timers.set(timer, at);
+                None
+            }
+            NodeEffect::CancelTimer(key) => {
+                self.timers.cancel(&key);
+                None
+            }
+            NodeEffect::Deliver(d) => self.deliver(d),
+            NodeEffect::Decision(e) => {
+                self.on_decision(e);
+                None
+            }
+            NodeEffect::WorkerUpdated(worker) => {
+                self.models_dirty = true;
+                if self.shared.feed.receiver_count() > 0
+                    && let Some(obs) = self.node.discovery().registry().get(&worker)
+                {
+                    let frame = FeedMessage::Worker {
+                        at: self.now(),
+                        observation: Box::new(obs.clone()),
+                    };
+                    let _ = self.shared.feed.send(Arc::from(encode_feed(&frame)));
+                }
+                self.observe_for_management(&worker);
+                None
+            }
+            NodeEffect::WorkerDetached {
+                worker,
+                connection,
+                reason,
+            } => {
+                // The served-model listing is rebuilt once per batch of commands
+                // (`run`), not per heartbeat: it is O(workers).
+                self.models_dirty = true;
+                tracing::warn!(%worker, conn = connection.0, reason = reason.as_str(), "worker detached");
+                self.metrics().counter_add(
+                    "den_router_workers_detached_total",
+                    "Workers detached, by reason.",
+                    &[("reason", reason.as_str())],
+                    1.0,
+                );
+                self.manager
+                    .worker_gone(crate::router::manage::unix_now_ms(), &worker);
+                let frame = FeedMessage::WorkerGone {
+                    at: self.now(),
+                    worker,
+                    reason: reason.as_str().to_owned(),
+                };
+                let _ = self.shared.feed.send(Arc::from(encode_feed(&frame)));
+                None
+            }
+            NodeEffect::Count(count) => {
+                self.count(count);
+                None
+            }
+        }
+    }
+
+    fn count(&self, count: Count) {
+        let m = self.metrics();
+        match count {
+            Count::FrameReceived(kind) => m.counter_add(
+                "den_router_frames_received_total",
+                "Frames received from workers, by type.",
+                &[("type", kind)],
+                1.0,
+            ),
+            Count::HeartbeatAccepted => m.counter_add(
+                "den_router_heartbeats_total",
+                "Heartbeats accepted (a newer observation stored).",
+                &[],
+                1.0,
+            ),
+            Count::HeartbeatIgnored {
+                worker,
+                version,
+                why,
+            } => {
+                let why: Observed = why;
+                tracing::debug!(%worker, %version, ?why, "heartbeat ignored");
+            }
+            Count::Fenced(kind) => m.counter_add(
+                "den_router_fenced_total",
+                "Worker messages ignored as late, duplicate or not for the current attempt.",
+                &[("type", kind)],
+                1.0,
+            ),
+            Count::OfferWithoutRoute => m.counter_add(
+                "den_router_offers_without_route_total",
+                "Offers to a worker with no live route (failed at once).",
+                &[],
+                1.0,
+            ),
+            Count::OfferTimeout => m.counter_add(
+                "den_router_offer_timeouts_total",
+                "Offer timers that fired.",
+                &[],
+                1.0,
+            ),
+        }
+    }
+
+    /// A delivery to its client; `Some(Cancel)` when the client fell behind or left.
+    pub(super) fn deliver(&mut self, d: Delivery) -> Option<NodeInput> {
         let id = d.request.clone();
         let terminal = d.is_terminal();
         let now = Instant::now();
         let m = Arc::clone(&self.shared.metrics);
-        if matches!(d.kind, DeliveryKind::Completed { .. }) {
-            let worker = self
-                .router
-                .record(&id)
-                .and_then(|r| r.chosen())
-                .map(|a| a.worker.clone());
-            let request = self.deliveries.get(&id).map(|s| Arc::clone(&s.request));
-            if let (Some(worker), Some(request)) = (worker, request) {
-                self.speculate(&worker, &request);
-            }
-        }
-        if terminal {
-            self.unreflected.ended(&id);
-        }
         self.count_inference(&d);
-        let Some(state) = self.deliveries.get_mut(&id) else {
-            return;
-        };
+        let state = self.deliveries.get_mut(&id)?;
         match &d.kind {
             DeliveryKind::Delta { .. } => {
                 if let Some(last) = state.last_delta {
@@ -143,7 +194,11 @@ impl RouterActor {
                 state.last_delta = Some(now);
             }
             DeliveryKind::Completed { result } => {
-                let processed = self.router.record(&id).map_or(0, |r| r.processed_tokens);
+                let processed = self
+                    .node
+                    .router()
+                    .record(&id)
+                    .map_or(0, |r| r.processed_tokens);
                 m.counter_add(
                     "den_prompt_tokens_total",
                     "Processed prompt tokens of completed requests.",
@@ -157,7 +212,8 @@ impl RouterActor {
                     result.cached_token_count as f64,
                 );
                 let tier = self
-                    .router
+                    .node
+                    .router()
                     .record(&id)
                     .and_then(|r| r.chosen())
                     .map_or("none", |a| a.tier.as_str());
@@ -180,6 +236,7 @@ impl RouterActor {
                 if terminal {
                     self.deliveries.remove(&id);
                 }
+                None
             }
             Err(e) => {
                 let why = match e {
@@ -187,119 +244,17 @@ impl RouterActor {
                     mpsc::error::TrySendError::Closed(_) => "client-gone",
                 };
                 self.deliveries.remove(&id);
-                if !terminal {
-                    m.counter_add(
-                        "den_router_client_cancels_total",
-                        "Requests cancelled because their client fell behind or went away.",
-                        &[("why", why)],
-                        1.0,
-                    );
-                    self.pending.push_back(RouterInput::Cancel { request: id });
+                if terminal {
+                    return None;
                 }
+                m.counter_add(
+                    "den_router_client_cancels_total",
+                    "Requests cancelled because their client fell behind or went away.",
+                    &[("why", why)],
+                    1.0,
+                );
+                Some(NodeInput::Cancel { request: id })
             }
         }
-    }
-
-    pub(super) fn apply_discovery(&mut self, effects: Vec<DiscoveryEffect>) {
-        let mut workers_changed = false;
-        for effect in effects {
-            match effect {
-                DiscoveryEffect::Updated { worker, .. } => {
-                    workers_changed = true;
-                    // The heartbeat says what really is resident: drop the guesses.
-                    self.speculation.prefixes.remove(&worker);
-                    self.metrics().counter_add(
-                        "den_router_heartbeats_total",
-                        "Heartbeats accepted (a newer observation stored).",
-                        &[],
-                        1.0,
-                    );
-                    if self.shared.feed.receiver_count() > 0
-                        && let Some(obs) = self.discovery.registry().get(&worker)
-                    {
-                        let frame = FeedMessage::Worker {
-                            at: self.now(),
-                            observation: Box::new(obs.clone()),
-                        };
-                        let _ = self.shared.feed.send(Arc::from(encode_feed(&frame)));
-                    }
-                    self.observe_for_management(&worker);
-                }
-                DiscoveryEffect::ArmExpiry {
-                    worker,
-                    connection,
-                    version,
-                    at,
-                } => self.timers.set(
-                    TimerKey::Expiry(worker.clone()),
-                    at,
-                    Fired::Expiry {
-                        worker,
-                        connection,
-                        version,
-                    },
-                ),
-                DiscoveryEffect::Detached {
-                    worker,
-                    connection,
-                    reason,
-                } => {
-                    workers_changed = true;
-                    self.speculation.prefixes.remove(&worker);
-                    tracing::warn!(%worker, conn = connection.0, reason = reason.as_str(), "worker detached");
-                    self.metrics().counter_add(
-                        "den_router_workers_detached_total",
-                        "Workers detached, by reason.",
-                        &[("reason", reason.as_str())],
-                        1.0,
-                    );
-                    self.timers.cancel(&TimerKey::Expiry(worker.clone()));
-                    self.manager
-                        .worker_gone(crate::router::manage::unix_now_ms(), &worker);
-                    let inputs = self.router.unavailable_inputs(&worker);
-                    self.pending.extend(inputs);
-                    // A worker that merely missed heartbeats may come back on the same
-                    // connection with its tiers intact (it republishes only on reconnect),
-                    // so only a lost connection drops the node's replicas. Stale replicas
-                    // of a dead node are harmless: candidates come from live workers only,
-                    // and a missing chunk is retracted and recomputed.
-                    let lost = reason != DetachReason::HeartbeatExpired;
-                    if let Some(node) = self
-                        .conns
-                        .get(&connection)
-                        .filter(|_| lost)
-                        .map(|c| c.node.clone())
-                    {
-                        let still_there = self
-                            .discovery
-                            .registry()
-                            .observations()
-                            .any(|o| o.node == node);
-                        if !still_there {
-                            self.catalog.remove_node(&node);
-                        }
-                    }
-                    let frame = FeedMessage::WorkerGone {
-                        at: self.now(),
-                        worker,
-                        reason: reason.as_str().to_owned(),
-                    };
-                    let _ = self.shared.feed.send(Arc::from(encode_feed(&frame)));
-                }
-                DiscoveryEffect::Ignored {
-                    worker,
-                    version,
-                    why,
-                } => {
-                    tracing::debug!(%worker, %version, ?why, "heartbeat ignored");
-                }
-            }
-        }
-        if workers_changed {
-            // Rebuilt once per batch of commands (`flush`), not per heartbeat: the
-            // listing is O(workers), so per heartbeat it was O(workers²) per interval.
-            self.models_dirty = true;
-        }
-        self.drain_pending();
     }
 }

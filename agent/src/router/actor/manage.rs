@@ -49,7 +49,7 @@ impl RouterActor {
     /// A worker's heartbeat was accepted: the manager reconciles against it.
     pub(super) fn observe_for_management(&mut self, worker: &WorkerId) {
         let now = self.now();
-        let Some(obs) = self.discovery.registry().get(worker) else {
+        let Some(obs) = self.node.discovery().registry().get(worker) else {
             return;
         };
         let frames = self.manager.observe(now, unix_now_ms(), obs);
@@ -64,7 +64,7 @@ impl RouterActor {
             DeliveryKind::Error { .. } => false,
             DeliveryKind::Delta { .. } | DeliveryKind::Cancelled => return,
         };
-        let Some(record) = self.router.record(&d.request) else {
+        let Some(record) = self.node.router().record(&d.request) else {
             return;
         };
         let attempt = if ok {
@@ -101,7 +101,7 @@ impl RouterActor {
                     continue;
                 }
             };
-            let sent = self.conn_of(&frame.to).is_some_and(|conn| {
+            let sent = self.node.conn_of(&frame.to).is_some_and(|conn| {
                 self.conns
                     .get(&conn)
                     .is_some_and(|c| c.outbound.try_send(Outbound::Frame(text)).is_ok())

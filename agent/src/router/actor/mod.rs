@@ -1,65 +1,49 @@
-//! The router actor: the one task that owns the router state machine, discovery, the
-//! chunk catalog and the timer wheel, and interprets their effects (spec §2.8b, §5.4).
+//! The router actor: the one task that owns the router node
+//! ([`den_protocol::router_node`], where every routing decision is made) and the timer
+//! wheel, and carries out the node's effects (spec §2.8b, §5.4): bytes to connections,
+//! timers, deliveries to clients, metrics, the console feed, the management API.
 //!
 //! - **Time.** `now` is milliseconds since the actor started; timers are kept in a
 //!   [`TimerWheel`] and the select loop sleeps until the earliest one.
-//! - **Sending.** A frame for a worker goes to the outbound queue of the connection its
-//!   newest accepted heartbeat arrived on. A full or closed queue is a send failure: the
-//!   worker is detached. An *offer* to a worker with no live route fails at once (the
-//!   machine gets `WorkerUnavailable` before anything else happens), instead of waiting
-//!   for the offer timer; a cancel to such a worker is dropped.
-//! - **Detach** (expiry, disconnect, send failure — only by the connection that holds the
-//!   route): every request whose current attempt is on the worker gets
-//!   `WorkerUnavailable`; the worker's node loses its catalog replicas.
+//! - **Sending.** The node names the connection of each frame (the one the worker's
+//!   newest accepted heartbeat arrived on). A full or closed queue is a send failure,
+//!   handed back to the node, which detaches the worker. Offers to a worker with no live
+//!   route, detaches, pinning and fencing are the node's.
 //! - **Delivery.** Each request has a bounded channel (`serving::DELIVERY_QUEUE`); a full
 //!   or closed one means a slow or vanished client: the request is cancelled.
-//! - **Fencing is the machine's.** Worker messages for an assignment not on the sending
-//!   worker are dropped before the machine; messages the machine ignores (late, duplicate,
-//!   fenced) are counted in `den_router_fenced_total`.
+//! - **Fencing is the node's.** Messages it ignores (late, duplicate, not for the current
+//!   attempt) are counted in `den_router_fenced_total`.
 //! - **Feed.** Decision events mark records dirty; dirty records are sent as `route`
 //!   frames after each batch of commands (so bursts coalesce); a full snapshot repeats
 //!   every `snapshot_interval`.
 
-use std::borrow::Cow;
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::{broadcast, mpsc, oneshot};
 
-use den_protocol::candidate::Tier;
-use den_protocol::candidate_generation::candidates_for;
-use den_protocol::chunk::plan_chunks;
-use den_protocol::chunk_catalog::ChunkCatalog;
 use den_protocol::decision::{
     AttemptOutcome, DecisionEvent, DecisionEventKind, DecisionRecord, TerminalOutcome,
 };
-use den_protocol::discovery::{
-    ConnectionId, DetachReason, Discovery, DiscoveryEffect, DiscoveryInput,
-};
+use den_protocol::discovery::ConnectionId;
 use den_protocol::feed::{FEED_VERSION, FeedMessage, encode as encode_feed};
-use den_protocol::ids::{HeartbeatVersion, NodeId, RequestId, WorkerId};
-use den_protocol::observation::{GpuPrefix, Observation};
+use den_protocol::ids::{NodeId, RequestId, WorkerId};
+use den_protocol::observation::Observation;
 use den_protocol::request::GenerationRequest;
-use den_protocol::router::{
-    Delivery, DeliveryKind, LocalRouterEffect, Router, RouterConfig, RouterEffect, RouterInput,
-};
+use den_protocol::router::{Delivery, DeliveryKind, RouterConfig};
+use den_protocol::router_node::{NodeConfig, NodeEffect, NodeInput, Pin, RouterNode};
 use den_protocol::time::Millis;
-use den_protocol::wire::{
-    Control, ControlToWorker, RefusalReason, RouterMessage, ToRouter, WorkerMessage, encode,
-};
+use den_protocol::wire::{Control, ControlToWorker, RefusalReason, ToRouter, encode};
 
 use crate::metrics::{LATENCY_MS_BUCKETS, Metrics};
 use crate::router::Shared;
-use crate::router::timers::{Fired, TimerKey, TimerWheel};
+use crate::router::timers::TimerWheel;
 use crate::serving::ServedModel;
-use speculation::Speculation;
 
 mod effects;
-mod inflight;
 mod manage;
 mod report;
-mod speculation;
 
 /// What a connection task writes to its socket.
 #[derive(Debug)]
@@ -131,30 +115,21 @@ pub enum Command {
 
 struct ConnInfo {
     worker: WorkerId,
-    node: NodeId,
     outbound: mpsc::Sender<Outbound>,
 }
 
 struct DeliveryState {
     tx: mpsc::Sender<Delivery>,
     last_delta: Option<Instant>,
-    /// Kept to announce the completed route's prefix (see [`Speculation`]).
-    request: Arc<GenerationRequest>,
 }
 
 pub struct RouterActor {
     shared: Arc<Shared>,
-    router: Router,
-    discovery: Discovery,
-    catalog: ChunkCatalog,
-    speculation: Speculation,
-    /// Offered work the workers' heartbeats do not show yet (see [`inflight`]).
-    unreflected: inflight::Unreflected,
+    /// Every routing decision (see [`den_protocol::router_node`]).
+    node: RouterNode,
     timers: TimerWheel,
     conns: BTreeMap<ConnectionId, ConnInfo>,
     deliveries: BTreeMap<RequestId, DeliveryState>,
-    /// Inputs produced while interpreting effects, handled before the next command.
-    pending: VecDeque<RouterInput>,
     /// Records changed since the last feed flush.
     dirty: BTreeSet<RequestId>,
     /// A worker's observation changed since the served-model listing was last rebuilt.
@@ -169,12 +144,15 @@ pub struct RouterActor {
 impl RouterActor {
     pub(crate) fn new(shared: Arc<Shared>) -> Self {
         let o = &shared.opts;
-        let config = RouterConfig {
-            offer_timeout_ms: ms(o.offer_timeout),
-            default_deadline_ms: ms(o.request_deadline),
-            retention_ms: ms(o.retention),
+        let config = NodeConfig {
+            router: RouterConfig {
+                offer_timeout_ms: ms(o.offer_timeout),
+                default_deadline_ms: ms(o.request_deadline),
+                retention_ms: ms(o.retention),
+            },
+            heartbeat_timeout_ms: ms(o.heartbeat_timeout),
+            chunk_size: o.chunk_size,
         };
-        let discovery = Discovery::new(ms(o.heartbeat_timeout));
         let manager = crate::router::manage::Manager::new(
             crate::router::manage::ManageConfig {
                 node: o.name.clone(),
@@ -190,15 +168,10 @@ impl RouterActor {
         );
         RouterActor {
             manager,
-            router: Router::new(config),
-            discovery,
-            catalog: ChunkCatalog::default(),
-            speculation: Speculation::default(),
-            unreflected: inflight::Unreflected::default(),
+            node: RouterNode::new(config),
             timers: TimerWheel::default(),
             conns: BTreeMap::new(),
             deliveries: BTreeMap::new(),
-            pending: VecDeque::new(),
             dirty: BTreeSet::new(),
             models_dirty: false,
             started: Instant::now(),
@@ -242,7 +215,7 @@ impl RouterActor {
                 }
                 _ = sleep_until(wake), if wake.is_some() => self.fire_timers(),
                 _ = tick.tick() => {
-                    self.drive(RouterInput::Tick);
+                    self.drive(NodeInput::Tick);
                     self.export_gauges();
                 }
                 _ = snapshot.tick() => {
@@ -278,7 +251,7 @@ impl RouterActor {
         let Some((deadline, _)) = &self.shutdown else {
             return false;
         };
-        if self.router.counts().in_flight() == 0 {
+        if self.node.router().counts().in_flight() == 0 {
             return true;
         }
         if Instant::now() >= *deadline && !self.cancelled_for_shutdown {
@@ -289,10 +262,10 @@ impl RouterActor {
                 "drain timeout: cancelling in-flight requests"
             );
             for request in ids {
-                self.drive(RouterInput::Cancel { request });
+                self.drive(NodeInput::Cancel { request });
             }
             self.flush_feed();
-            return self.router.counts().in_flight() == 0;
+            return self.node.router().counts().in_flight() == 0;
         }
         false
     }
@@ -309,34 +282,28 @@ impl RouterActor {
                 deadline,
                 pin,
             } => {
-                let amended = self.observations_with_speculation();
-                let mut candidates = candidates_for(
-                    &request,
-                    self.shared.opts.chunk_size,
-                    amended.iter().map(|o| o.as_ref()),
-                    &self.catalog,
-                );
-                if let Some(pin) = &pin {
-                    let worker = self.manager.worker_of(pin);
-                    candidates.retain(|c| Some(&c.worker_id) == worker.as_ref());
-                }
-                self.amend_queues(&mut candidates);
+                let pin = match &pin {
+                    None => Pin::Any,
+                    Some(instance) => match self.manager.worker_of(instance) {
+                        Some(worker) => Pin::Worker(worker),
+                        None => Pin::Nowhere,
+                    },
+                };
                 let now = self.now();
                 self.deliveries.insert(
                     request.id.clone(),
                     DeliveryState {
                         tx: deliveries,
                         last_delta: None,
-                        request: Arc::clone(&request),
                     },
                 );
-                self.drive(RouterInput::Submit {
+                self.drive(NodeInput::Submit {
                     request,
-                    candidates,
                     deadline: deadline.map(|d| now + ms(d)),
+                    pin,
                 });
             }
-            Command::Cancel { request } => self.drive(RouterInput::Cancel { request }),
+            Command::Cancel { request } => self.drive(NodeInput::Cancel { request }),
             Command::Connected {
                 conn,
                 worker,
@@ -347,22 +314,16 @@ impl RouterActor {
                 self.conns.insert(
                     conn,
                     ConnInfo {
-                        worker,
-                        node,
+                        worker: worker.clone(),
                         outbound,
                     },
                 );
+                self.drive(NodeInput::Connected { conn, worker, node });
             }
-            Command::Frame { conn, frame } => self.on_frame(conn, frame),
+            Command::Frame { conn, frame } => self.drive(NodeInput::Frame { conn, frame }),
             Command::Disconnected { conn } => {
-                // Detach first: it needs the connection's node to drop its replicas.
-                let effects = self.discovery.handle(
-                    self.now(),
-                    DiscoveryInput::Disconnected { connection: conn },
-                );
-                self.apply_discovery(effects);
+                self.drive(NodeInput::Disconnected { conn });
                 if let Some(info) = self.conns.remove(&conn) {
-                    self.unreflected.forget(&info.worker);
                     tracing::info!(worker = %info.worker, conn = conn.0, "worker connection closed");
                 }
             }
@@ -375,7 +336,7 @@ impl RouterActor {
                     to: worker.clone(),
                     control: Control::Drain { draining },
                 };
-                let sent = match (self.conn_of(&worker), encode(&frame)) {
+                let sent = match (self.node.conn_of(&worker), encode(&frame)) {
                     (Some(conn), Ok(bytes)) => self.conns.get(&conn).is_some_and(|c| {
                         c.outbound
                             .try_send(Outbound::Frame(
@@ -400,10 +361,17 @@ impl RouterActor {
                 let _ = reply.send(self.snapshot_frame());
             }
             Command::Workers { reply } => {
-                let _ = reply.send(self.discovery.registry().observations().cloned().collect());
+                let _ = reply.send(
+                    self.node
+                        .discovery()
+                        .registry()
+                        .observations()
+                        .cloned()
+                        .collect(),
+                );
             }
             Command::Record { request, reply } => {
-                let _ = reply.send(self.router.record(&request).cloned());
+                let _ = reply.send(self.node.router().record(&request).cloned());
             }
             Command::Shutdown { drain, reply } => {
                 self.shutdown = Some((Instant::now() + drain, reply));
@@ -412,174 +380,10 @@ impl RouterActor {
         }
     }
 
-    /// The connection a worker is reachable on: its discovery route, else (before its
-    /// first heartbeat) the connection it said hello on.
-    fn conn_of(&self, worker: &WorkerId) -> Option<ConnectionId> {
-        self.discovery.route(worker).or_else(|| {
-            self.conns
-                .iter()
-                .rev()
-                .find(|(_, c)| &c.worker == worker)
-                .map(|(id, _)| *id)
-        })
-    }
-
-    fn on_frame(&mut self, conn: ConnectionId, frame: ToRouter) {
-        let Some(info) = self.conns.get(&conn) else {
-            return; // the connection ended meanwhile
-        };
-        let sender = info.worker.clone();
-        let node = info.node.clone();
-        let m = &self.shared.metrics;
-        let kind = match &frame {
-            ToRouter::Hello(_) => "hello",
-            ToRouter::Heartbeat(_) => "heartbeat",
-            ToRouter::OfferResult(_) => "offer-result",
-            ToRouter::Token(_) => "token",
-            ToRouter::Result(_) => "result",
-            ToRouter::Publish(_) => "publish",
-            ToRouter::Retract(_) => "retract",
-        };
-        m.counter_add(
-            "den_router_frames_received_total",
-            "Frames received from workers, by type.",
-            &[("type", kind)],
-            1.0,
-        );
-        match frame {
-            ToRouter::Hello(_) => {
-                // The connection task answers hello itself and refuses a second one.
-            }
-            ToRouter::Heartbeat(hb) => {
-                if hb.observation.worker_id != sender {
-                    self.refuse(
-                        conn,
-                        format!(
-                            "heartbeat for worker {} on the connection of worker {sender}",
-                            hb.observation.worker_id
-                        ),
-                    );
-                    return;
-                }
-                let version = hb.observation.version();
-                let effects = self.discovery.handle(
-                    self.now(),
-                    DiscoveryInput::Heartbeat {
-                        connection: conn,
-                        observation: Box::new(hb.observation),
-                    },
-                );
-                self.apply_discovery(effects);
-                let accepted = self
-                    .discovery
-                    .registry()
-                    .get(&sender)
-                    .is_some_and(|o| o.version() == version);
-                if accepted {
-                    self.unreflected.heartbeat(&sender);
-                }
-            }
-            ToRouter::OfferResult(m) => {
-                self.unreflected
-                    .answered(&sender, &m.assignment, m.accepted);
-                self.worker_message(&sender, WorkerMessage::OfferResult(m))
-            }
-            ToRouter::Token(m) => self.worker_message(&sender, WorkerMessage::Token(m)),
-            ToRouter::Result(m) => self.worker_message(&sender, WorkerMessage::Result(m)),
-            ToRouter::Publish(p) => {
-                for c in p.chunks {
-                    for tier in &c.tiers {
-                        self.catalog.add_replica(
-                            node.clone(),
-                            c.entry.model.clone(),
-                            c.entry.hash,
-                            *tier,
-                        );
-                    }
-                    self.catalog.publish(c.entry);
-                }
-            }
-            ToRouter::Retract(r) => {
-                for c in r.chunks {
-                    if c.tier == Tier::Object {
-                        self.catalog.withdraw_object(&c.model, c.hash);
-                    } else {
-                        self.catalog.remove_replica(&node, &c.model, c.hash, c.tier);
-                    }
-                }
-            }
-        }
-    }
-
-    /// A worker message for the machine, if it comes from the worker the assignment's
-    /// current attempt is on.
-    fn worker_message(&mut self, sender: &WorkerId, message: WorkerMessage) {
-        let request = &message.assignment().request;
-        if self.router.current_worker(request) != Some(sender) {
-            self.fenced(message.kind());
-            return;
-        }
-        let kind = message.kind();
-        let effects = self.router.handle(self.now(), message.into());
-        if effects.is_empty() {
-            self.fenced(kind);
-        }
-        self.apply_router(effects);
-        self.drain_pending();
-    }
-
-    fn fenced(&self, kind: &'static str) {
-        self.metrics().counter_add(
-            "den_router_fenced_total",
-            "Worker messages ignored as late, duplicate or not for the current attempt.",
-            &[("type", kind)],
-            1.0,
-        );
-    }
-
-    /// Refuse a connection: a `refused` frame, then close; discovery detaches it when
-    /// its input ends.
-    fn refuse(&mut self, conn: ConnectionId, detail: String) {
-        tracing::warn!(conn = conn.0, "refusing a worker connection: {detail}");
-        if let Some(c) = self.conns.get(&conn) {
-            let _ = c.outbound.try_send(Outbound::Refuse {
-                reason: RefusalReason::Malformed,
-                detail,
-            });
-        }
-    }
-
     fn fire_timers(&mut self) {
         let now = self.now();
-        for fired in self.timers.pop_due(now) {
-            match fired {
-                Fired::Offer(assignment) => {
-                    self.metrics().counter_add(
-                        "den_router_offer_timeouts_total",
-                        "Offer timers that fired.",
-                        &[],
-                        1.0,
-                    );
-                    self.unreflected.withdrawn(&assignment);
-                    self.drive(RouterInput::OfferTimeout { assignment });
-                }
-                Fired::Deadline(request) => self.drive(RouterInput::DeadlineExpired { request }),
-                Fired::Expiry {
-                    worker,
-                    connection,
-                    version,
-                } => {
-                    let effects = self.discovery.handle(
-                        now,
-                        DiscoveryInput::ExpiryFired {
-                            worker,
-                            connection,
-                            version,
-                        },
-                    );
-                    self.apply_discovery(effects);
-                }
-            }
+        for timer in self.timers.pop_due(now) {
+            self.drive(NodeInput::TimerFired(timer));
         }
     }
 }

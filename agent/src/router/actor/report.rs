@@ -88,7 +88,7 @@ impl RouterActor {
         }
         let at = self.now();
         for id in dirty {
-            if let Some(record) = self.router.record(&id) {
+            if let Some(record) = self.node.router().record(&id) {
                 let frame = FeedMessage::Route {
                     at,
                     record: Box::new(record.clone()),
@@ -105,7 +105,7 @@ impl RouterActor {
     /// readable one at a time (`GET /v1/requests/{id}`).
     pub(super) fn snapshot_frame(&self) -> Arc<str> {
         let mut routes: Vec<&den_protocol::decision::DecisionRecord> =
-            self.router.records().collect();
+            self.node.router().records().collect();
         if routes.len() > FEED_SNAPSHOT_ROUTES {
             routes.sort_by_key(|r| (r.outcome.is_none(), r.finished_at.unwrap_or(r.submitted_at)));
             let surplus = routes.len() - FEED_SNAPSHOT_ROUTES;
@@ -113,7 +113,13 @@ impl RouterActor {
         }
         let frame = FeedMessage::Snapshot {
             at: self.now(),
-            workers: self.discovery.registry().observations().cloned().collect(),
+            workers: self
+                .node
+                .discovery()
+                .registry()
+                .observations()
+                .cloned()
+                .collect(),
             routes: routes.into_iter().cloned().collect(),
         };
         Arc::from(encode_feed(&frame))
@@ -122,7 +128,7 @@ impl RouterActor {
     pub(super) fn update_models(&self) {
         let mut by_model: BTreeMap<(String, den_protocol::ids::ModelFingerprint), (usize, u32)> =
             BTreeMap::new();
-        for obs in self.discovery.registry().observations() {
+        for obs in self.node.discovery().registry().observations() {
             if !obs.online || obs.draining {
                 continue;
             }
@@ -157,12 +163,12 @@ impl RouterActor {
 
     pub(super) fn export_gauges(&self) {
         let m = self.metrics();
-        let c = self.router.counts();
+        let c = self.node.router().counts();
         m.gauge_set(
             "den_router_workers",
             "Workers with a live route.",
             &[],
-            self.discovery.registry().len() as f64,
+            self.node.discovery().registry().len() as f64,
         );
         for (phase, n) in [
             ("offered", c.offered),
@@ -182,7 +188,7 @@ impl RouterActor {
             "den_catalog_chunks",
             "Chunks published in the catalog.",
             &[],
-            self.catalog.chunk_count() as f64,
+            self.node.catalog().chunk_count() as f64,
         );
         m.gauge_set(
             "den_router_timers",

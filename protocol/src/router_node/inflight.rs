@@ -6,7 +6,7 @@
 //! against real agents measured mean TTFT 2.8× the simulator's fresh-view figure for
 //! exactly this reason. So the router adds to each worker's reported queue the work of
 //! every assignment it offered there that no heartbeat includes yet
-//! ([`den_protocol::candidate::added_work_ms`]), the way Dynamo's and llm-d's routers
+//! ([`crate::candidate::added_work_ms`]), the way Dynamo's and llm-d's routers
 //! count their own in-flight requests between load reports.
 //!
 //! When is an assignment in a heartbeat? A worker accepts an offer before it queues the
@@ -24,17 +24,17 @@
 
 use std::collections::BTreeMap;
 
-use den_protocol::ids::{AssignmentId, RequestId, WorkerId};
+use crate::ids::{AssignmentId, RequestId, WorkerId};
 
 /// Per worker, the assignments offered there and what its last heartbeat shows of them.
-#[derive(Debug, Default)]
-pub(super) struct Unreflected {
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Unreflected {
     workers: BTreeMap<WorkerId, BTreeMap<AssignmentId, Entry>>,
     /// Work of requests that ended after the worker's last heartbeat counted them.
     finished: BTreeMap<WorkerId, f64>,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 struct Entry {
     work_ms: f64,
     accepted: bool,
@@ -44,7 +44,7 @@ struct Entry {
 
 impl Unreflected {
     /// An offer of `work_ms` was sent to `worker`.
-    pub(super) fn offered(&mut self, worker: &WorkerId, assignment: AssignmentId, work_ms: f64) {
+    pub fn offered(&mut self, worker: &WorkerId, assignment: AssignmentId, work_ms: f64) {
         self.workers.entry(worker.clone()).or_default().insert(
             assignment,
             Entry {
@@ -57,12 +57,7 @@ impl Unreflected {
 
     /// The worker answered the offer: accepted work is reflected by its next heartbeat;
     /// declined work never will be.
-    pub(super) fn answered(
-        &mut self,
-        worker: &WorkerId,
-        assignment: &AssignmentId,
-        accepted: bool,
-    ) {
+    pub fn answered(&mut self, worker: &WorkerId, assignment: &AssignmentId, accepted: bool) {
         let Some(entries) = self.workers.get_mut(worker) else {
             return;
         };
@@ -77,7 +72,7 @@ impl Unreflected {
 
     /// An accepted heartbeat from `worker`: it counts every assignment accepted before it,
     /// and none of those that ended.
-    pub(super) fn heartbeat(&mut self, worker: &WorkerId) {
+    pub fn heartbeat(&mut self, worker: &WorkerId) {
         if let Some(entries) = self.workers.get_mut(worker) {
             for e in entries.values_mut() {
                 e.reflected |= e.accepted;
@@ -87,7 +82,7 @@ impl Unreflected {
     }
 
     /// The offer timed out (the machine cancels it and moves on).
-    pub(super) fn withdrawn(&mut self, assignment: &AssignmentId) {
+    pub fn withdrawn(&mut self, assignment: &AssignmentId) {
         for entries in self.workers.values_mut() {
             entries.remove(assignment);
         }
@@ -95,7 +90,7 @@ impl Unreflected {
 
     /// The request ended: none of its attempts adds work any more, and the work a
     /// heartbeat still counts is done.
-    pub(super) fn ended(&mut self, request: &RequestId) {
+    pub fn ended(&mut self, request: &RequestId) {
         for (worker, entries) in &mut self.workers {
             entries.retain(|a, e| {
                 if &a.request != request {
@@ -110,14 +105,14 @@ impl Unreflected {
     }
 
     /// The worker's connection closed: its queue starts again from its next heartbeat.
-    pub(super) fn forget(&mut self, worker: &WorkerId) {
+    pub fn forget(&mut self, worker: &WorkerId) {
         self.workers.remove(worker);
         self.finished.remove(worker);
     }
 
     /// Work to add to `worker`'s last reported `queue_ms` (negative: work that heartbeat
     /// counts has finished since).
-    pub(super) fn extra_ms(&self, worker: &WorkerId) -> f64 {
+    pub fn extra_ms(&self, worker: &WorkerId) -> f64 {
         let pending: f64 = self.workers.get(worker).map_or(0.0, |entries| {
             entries
                 .values()
