@@ -90,6 +90,24 @@ pub enum Sub {
         /// A node the instance must run on (repeat for several).
         #[arg(long = "node", value_name = "ID")]
         nodes: Vec<String>,
+        /// Requested per-sequence context (tokens): previews that cannot hold it are
+        /// rejected, and the running instance's limit is checked against it.
+        #[arg(long, value_name = "TOKENS", value_parser = crate::app::intent::parse_context_tokens)]
+        context_tokens: Option<u64>,
+        /// When the resource expires, an upper bound for every deadline: a duration from
+        /// now (30m), @UNIX_SECONDS or an RFC 3339 time (2026-12-31T23:00:00Z).
+        #[arg(long, value_name = "WHEN", value_parser = crate::app::intent::parse_expiry)]
+        expires: Option<crate::app::intent::Expiry>,
+        /// The node id the management API must answer as (GET /node_id); another answer
+        /// stops the placement before anything is sent.
+        #[arg(long, value_name = "ID", value_parser = crate::app::intent::parse_node_or_digest)]
+        expect_management_node: Option<String>,
+        /// The approved card digest: a preview or requirements with another fail.
+        #[arg(long, value_name = "DIGEST", value_parser = crate::app::intent::parse_node_or_digest)]
+        card_digest: Option<String>,
+        /// How long to wait for download, runner and probe after submission (default 10m).
+        #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+        wait: Option<std::time::Duration>,
         /// Do not ask before submitting.
         #[arg(long)]
         yes: bool,
@@ -462,6 +480,9 @@ mod tests {
                 nodes,
                 yes,
                 json,
+                context_tokens: None,
+                expires: None,
+                ..
             }) => {
                 assert_eq!(
                     (model.as_str(), nodes.len(), yes, json),
@@ -469,6 +490,49 @@ mod tests {
                 );
             }
             other => panic!("{other:?}"),
+        }
+        let cli = Cli::try_parse_from([
+            "den",
+            "place",
+            "m",
+            "--context-tokens",
+            "8192",
+            "--expires",
+            "@1767225600",
+            "--expect-management-node",
+            "mgmt-1",
+            "--card-digest",
+            "sha256:00ff",
+            "--wait",
+            "90s",
+        ])
+        .unwrap();
+        match cli.command {
+            Some(Sub::Place {
+                context_tokens,
+                expires,
+                expect_management_node,
+                card_digest,
+                wait,
+                ..
+            }) => {
+                assert_eq!(context_tokens, Some(8192));
+                assert_eq!(
+                    expires,
+                    Some(crate::app::intent::Expiry::AtUnixMs(1_767_225_600_000))
+                );
+                assert_eq!(expect_management_node.as_deref(), Some("mgmt-1"));
+                assert_eq!(card_digest.as_deref(), Some("sha256:00ff"));
+                assert_eq!(wait, Some(std::time::Duration::from_secs(90)));
+            }
+            other => panic!("{other:?}"),
+        }
+        for bad in [
+            ["den", "place", "m", "--context-tokens", "0"],
+            ["den", "place", "m", "--expires", "whenever"],
+            ["den", "place", "m", "--card-digest", "a b"],
+        ] {
+            assert!(Cli::try_parse_from(bad).is_err(), "{bad:?}");
         }
         let cli =
             Cli::try_parse_from(["den", "status", "--json", "--router", "http://r:1"]).unwrap();

@@ -57,13 +57,30 @@ fn main() -> ExitCode {
             Some(Sub::Place {
                 model,
                 nodes,
+                context_tokens,
+                expires,
+                expect_management_node,
+                card_digest,
+                wait,
                 yes,
                 json,
             }) => {
                 if !yes && !confirm_on_terminal(&model, &nodes) {
                     return ExitCode::from(1);
                 }
-                oneshot::run(&settings, Command::Place { model, nodes }, json).await
+                let intent = den_console::app::intent::PlaceIntent {
+                    context_tokens,
+                    expires,
+                    management_node: expect_management_node,
+                    card_digest,
+                    wait,
+                };
+                let command = Command::Place {
+                    model,
+                    nodes,
+                    intent,
+                };
+                oneshot::run(&settings, command, json).await
             }
             Some(Sub::Reconcile { json }) => {
                 den_console::commands::reconcile::run(&settings, json).await

@@ -6,6 +6,7 @@
 //! model give the same state, which the key-handling tests rely on.
 
 pub mod action;
+pub mod intent;
 pub mod keymap;
 pub mod palette;
 pub mod panel;

@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use super::intent::PlaceIntent;
+
 use super::panel::Panel;
 use crate::model::KnownIds;
 use crate::theme::BUILT_IN;
@@ -13,6 +15,8 @@ pub enum Command {
     Place {
         model: String,
         nodes: Vec<String>,
+        /// Context, expiry, expected management node, approved digest, wait.
+        intent: PlaceIntent,
     },
     /// `DELETE /instance/{id}` on the management API.
     Delete {
@@ -36,7 +40,7 @@ pub enum Command {
 pub const COMMANDS: [(&str, &str); 13] = [
     (
         "place",
-        "place MODEL [NODE…]  place a model on exactly these nodes",
+        "place MODEL [NODE…] [--FLAG V…]  place a model on exactly these nodes",
     ),
     ("delete", "delete INSTANCE  delete a model instance"),
     ("cancel", "cancel REQUEST  cancel a request at the router"),
@@ -84,13 +88,26 @@ impl Command {
     /// What the confirmation dialog says will happen.
     pub fn consequence(&self) -> String {
         match self {
-            Command::Place { model, nodes } if nodes.is_empty() => format!(
-                "Place {model} where the previews allow: preview, choose, fence, submit, then watch the reconciliation."
-            ),
-            Command::Place { model, nodes } => format!(
-                "Place {model} on exactly {}: preview, choose, fence, submit, then watch the reconciliation.",
-                nodes.join(", ")
-            ),
+            Command::Place {
+                model,
+                nodes,
+                intent,
+            } => {
+                let target = if nodes.is_empty() {
+                    "where the previews allow".to_owned()
+                } else {
+                    format!("on exactly {}", nodes.join(", "))
+                };
+                let flags = intent.flags();
+                let with = if flags.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", flags.join(" "))
+                };
+                format!(
+                    "Place {model} {target}{with}: preview, choose, fence, submit, then watch the reconciliation."
+                )
+            }
             Command::Delete { instance } => format!(
                 "Delete instance {instance}: its runners stop and requests to it fail. (DELETE /instance/{instance})"
             ),
@@ -108,10 +125,17 @@ impl Command {
 impl fmt::Display for Command {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Command::Place { model, nodes } => {
+            Command::Place {
+                model,
+                nodes,
+                intent,
+            } => {
                 write!(f, "place {model}")?;
                 for n in nodes {
                     write!(f, " {n}")?;
+                }
+                for flag in intent.flags() {
+                    write!(f, " {flag}")?;
                 }
                 Ok(())
             }
@@ -141,6 +165,8 @@ pub enum ParseError {
     },
     #[error("`{verb}` takes one argument; unexpected `{extra}`")]
     TooMany { verb: &'static str, extra: String },
+    #[error("`place`: {0}")]
+    BadFlag(String),
 }
 
 /// Parse one palette line.
@@ -166,17 +192,21 @@ pub fn parse(line: &str) -> Result<Command, ParseError> {
         }),
     };
     match verb.to_lowercase().as_str() {
-        "place" => match rest.split_first() {
-            None => Err(ParseError::MissingArgument {
-                verb: "place",
-                what: "a model id",
-                usage: "place MODEL [NODE…]",
-            }),
-            Some((model, nodes)) => Ok(Command::Place {
-                model: model.clone(),
-                nodes: nodes.to_vec(),
-            }),
-        },
+        "place" => {
+            let (positional, intent) = PlaceIntent::split(&rest).map_err(ParseError::BadFlag)?;
+            match positional.split_first() {
+                None => Err(ParseError::MissingArgument {
+                    verb: "place",
+                    what: "a model id",
+                    usage: "place MODEL [NODE…] [--context-tokens N] …",
+                }),
+                Some((model, nodes)) => Ok(Command::Place {
+                    model: model.clone(),
+                    nodes: nodes.to_vec(),
+                    intent,
+                }),
+            }
+        }
         "delete" | "del" => Ok(Command::Delete {
             instance: one("delete", "an instance id", "delete INSTANCE")?,
         }),
@@ -366,8 +396,19 @@ mod tests {
             parse(" place m n1 n2 ").unwrap(),
             Command::Place {
                 model: "m".into(),
-                nodes: vec!["n1".into(), "n2".into()]
+                nodes: vec!["n1".into(), "n2".into()],
+                intent: PlaceIntent::default(),
             }
+        );
+        let with = parse("place m n1 --context-tokens 4096 --expires 1h").unwrap();
+        assert_eq!(
+            with.to_string(),
+            "place m n1 --context-tokens 4096 --expires 3600s"
+        );
+        assert_eq!(parse(&with.to_string()).unwrap(), with);
+        assert_eq!(
+            parse("place m --context-tokens x").unwrap_err().to_string(),
+            "`place`: --context-tokens \"x\": give a positive number of tokens"
         );
         assert_eq!(parse("ro").unwrap(), Command::Focus(Panel::Routes));
         assert_eq!(parse("q").unwrap(), Command::Quit);

@@ -28,6 +28,7 @@ use self::place::{
     place_with,
 };
 use crate::app::Command;
+use crate::app::intent::PlaceIntent;
 use crate::config::SourceSpec;
 use crate::http::{HttpAnswer, ManagementClient, UrlError};
 
@@ -84,6 +85,7 @@ impl Targets {
 async fn place(
     model: &str,
     nodes: &[String],
+    intent: &PlaceIntent,
     target: Option<&(SourceId, ManagementClient)>,
     targets: &Targets,
     tx: &mpsc::Sender<SessionEvent>,
@@ -115,10 +117,20 @@ async fn place(
     });
     let mut args = PlaceArgs::new(model);
     args.nodes = nodes.iter().map(|n| NodeId::new(n.as_str())).collect();
+    args.context_tokens = intent.context_tokens;
+    args.management_node = intent.management_node.as_deref().map(NodeId::new);
+    args.approved_card_digest = intent.card_digest.clone();
+    args.hard_expiry_unix_ms = intent
+        .expires
+        .map(|e| e.unix_ms(place::clock::unix_now_ms()));
+    let mut workflow = WorkflowConfig::default();
+    if let Some(wait) = intent.wait {
+        workflow.reconcile_deadline_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+    }
     let result = place_with(
         client.clone(),
         &targets.fence_dir,
-        &WorkflowConfig::default(),
+        &workflow,
         DEFAULT_PROBE_TIMEOUT,
         args,
         sink,
@@ -196,10 +208,15 @@ pub async fn execute(
             )
             .await
         }
-        Command::Place { model, nodes } => {
+        Command::Place {
+            model,
+            nodes,
+            intent,
+        } => {
             place(
                 model,
                 nodes,
+                intent,
                 targets.management_for(preferred.as_ref()),
                 targets,
                 tx,
@@ -383,6 +400,7 @@ mod tests {
             Command::Place {
                 model: "m".into(),
                 nodes: vec![],
+                intent: Default::default(),
             },
             &targets,
             None,

@@ -554,3 +554,95 @@ async fn placement_runtime_den_reconcile_resolves_stored_fences() {
         "{again:?}"
     );
 }
+
+/// `den place` with the whole intent on the command line, the real binary against the
+/// fixture server: an expected management node the API does not answer as, or a context
+/// no preview holds, stops the placement before a fence is written or anything is posted
+/// (exit 1, a JSON outcome naming why); the intent the previews admit is placed.
+#[tokio::test]
+async fn placement_runtime_den_place_takes_the_whole_intent_from_the_command_line() {
+    let den = den_tests::process::binary("den").expect("the den binary");
+    let run = |url: String, home: std::path::PathBuf, extra: Vec<&'static str>| {
+        let den = den.clone();
+        async move {
+            tokio::task::spawn_blocking(move || {
+                let mut args = vec![
+                    "--no-record".to_owned(),
+                    "--skulk".to_owned(),
+                    url,
+                    "place".to_owned(),
+                    MODEL.to_owned(),
+                    "--node".to_owned(),
+                    NODE.to_owned(),
+                    "--yes".to_owned(),
+                    "--json".to_owned(),
+                ];
+                args.extend(extra.iter().map(|s| (*s).to_owned()));
+                std::process::Command::new(den)
+                    .args(&args)
+                    .env("XDG_STATE_HOME", &home)
+                    .env_remove("DEN_CONFIG")
+                    .env_remove("DEN_TOKEN")
+                    .env_remove("DEN_ROUTER")
+                    .output()
+                    .expect("den place")
+            })
+            .await
+            .expect("joined")
+        }
+    };
+    for (extra, says) in [
+        (
+            vec!["--expect-management-node", "12D3KooWnotTheManagementNode"],
+            "12D3KooWnotTheManagementNode",
+        ),
+        (vec!["--context-tokens", "2000000000"], "context"),
+    ] {
+        let server = server("placement_accepted_ready.json", &[]);
+        let state = temp_dir().expect("tempdir");
+        let out = run(server.url(), state.path().to_path_buf(), extra.clone()).await;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(1), "{extra:?}: {stdout}");
+        let json: serde_json::Value =
+            serde_json::from_str(stdout.trim()).expect("one JSON document");
+        assert_eq!(json["status"], "failed", "{json}");
+        assert!(
+            json["detail"].as_str().is_some_and(|d| d.contains(says)),
+            "{extra:?}: {json}"
+        );
+        assert_eq!(
+            count(&requests(&server), "POST", "/instance"),
+            0,
+            "{extra:?}"
+        );
+        let fences = state.path().join("den").join("placement-fences");
+        assert_eq!(fence_files(&fences), 0, "{extra:?}");
+    }
+    let server = server("placement_accepted_ready.json", &[]);
+    let state = temp_dir().expect("tempdir");
+    let out = run(
+        server.url(),
+        state.path().to_path_buf(),
+        vec![
+            "--context-tokens",
+            "4096",
+            "--expect-management-node",
+            NODE,
+            "--expires",
+            "2h",
+            "--wait",
+            "20s",
+        ],
+    )
+    .await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON document");
+    assert_eq!(json["outcome"], "placed", "{json}");
+    assert_eq!(count(&requests(&server), "POST", "/instance"), 1);
+}

@@ -25,7 +25,7 @@
 //! [`ManagementClient`], which sends its bearer token to its own origin only and never
 //! follows redirects.
 
-mod clock;
+pub(crate) mod clock;
 mod driver;
 mod fence_store;
 mod progress;
