@@ -249,6 +249,13 @@ impl RouterNode {
     /// The single entry point: apply `input` at logical time `now`.
     pub fn handle(&mut self, now: Millis, input: NodeInput) -> Vec<NodeEffect> {
         let mut out = Vec::new();
+        self.handle_into(now, input, &mut out);
+        out
+    }
+
+    /// [`handle`](Self::handle), appending the effects to `out` (a runtime reuses one
+    /// buffer: the router takes a heartbeat per worker per interval).
+    pub fn handle_into(&mut self, now: Millis, input: NodeInput, out: &mut Vec<NodeEffect>) {
         match input {
             NodeInput::Submit {
                 request,
@@ -261,13 +268,13 @@ impl RouterNode {
             NodeInput::Connected { conn, worker, node } => {
                 self.peers.insert(conn, Peer { worker, node });
             }
-            NodeInput::Frame { conn, frame } => self.frame(now, conn, frame, &mut out),
+            NodeInput::Frame { conn, frame } => self.frame(now, conn, frame, out),
             NodeInput::Disconnected { conn } => {
                 // Detach first: it needs the connection's node to drop its replicas.
                 let effects = self
                     .discovery
                     .handle(now, DiscoveryInput::Disconnected { connection: conn });
-                self.apply_discovery(effects, &mut out);
+                self.apply_discovery(effects, out);
                 if let Some(peer) = self.peers.remove(&conn) {
                     self.unreflected.forget(&peer.worker);
                 }
@@ -280,13 +287,12 @@ impl RouterNode {
                         worker,
                     },
                 );
-                self.apply_discovery(effects, &mut out);
+                self.apply_discovery(effects, out);
             }
-            NodeInput::TimerFired(timer) => self.timer(now, timer, &mut out),
+            NodeInput::TimerFired(timer) => self.timer(now, timer, out),
             NodeInput::Tick => self.pending.push_back(RouterInput::Tick),
         }
-        self.drain(now, &mut out);
-        out
+        self.drain(now, out);
     }
 
     fn submit(&mut self, request: Arc<GenerationRequest>, deadline: Option<Millis>, pin: Pin) {

@@ -11,15 +11,19 @@ impl RouterActor {
     /// Hand one input to the node, then carry out its effects (and whatever they feed
     /// back: failed sends, cancels for vanished clients).
     pub(super) fn drive(&mut self, input: NodeInput) {
-        let mut inputs = std::collections::VecDeque::from([input]);
-        while let Some(input) = inputs.pop_front() {
-            let effects = self.node.handle(self.now(), input);
-            for effect in effects {
-                if let Some(back) = self.apply(effect) {
-                    inputs.push_back(back);
+        // One effect buffer for the actor's life; fed-back inputs are rare.
+        let mut effects = std::mem::take(&mut self.effects);
+        let mut back = std::collections::VecDeque::new(); // allocates only when used
+        let mut next = Some(input);
+        while let Some(input) = next.take().or_else(|| back.pop_front()) {
+            self.node.handle_into(self.now(), input, &mut effects);
+            for effect in effects.drain(..) {
+                if let Some(input) = self.apply(effect) {
+                    back.push_back(input);
                 }
             }
         }
+        self.effects = effects;
     }
 
     /// One effect; `Some` is an input for the node that carrying it out produced.

@@ -127,6 +127,8 @@ pub struct RouterActor {
     shared: Arc<Shared>,
     /// Every routing decision (see [`den_protocol::router_node`]).
     node: RouterNode,
+    /// The node's effects, one buffer reused for every input.
+    effects: Vec<NodeEffect>,
     timers: TimerWheel,
     conns: BTreeMap<ConnectionId, ConnInfo>,
     deliveries: BTreeMap<RequestId, DeliveryState>,
@@ -169,6 +171,7 @@ impl RouterActor {
         RouterActor {
             manager,
             node: RouterNode::new(config),
+            effects: Vec::new(),
             timers: TimerWheel::default(),
             conns: BTreeMap::new(),
             deliveries: BTreeMap::new(),
