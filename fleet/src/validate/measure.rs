@@ -46,7 +46,9 @@ pub struct Measured {
 /// trace has bursts at the same millisecond) reach the router in the simulator's order;
 /// each response is then read concurrently. Results in slice order; a request that
 /// failed or got no answer carries `error`.
-pub async fn replay(router: &str, slice: &ScaledTrace) -> Vec<Measured> {
+///
+/// `vocab`: a real model's vocabulary; prompt ids are the expansion's modulo it.
+pub async fn replay(router: &str, slice: &ScaledTrace, vocab: Option<u32>) -> Vec<Measured> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let client = match reqwest::Client::builder().tcp_nodelay(true).build() {
         Ok(c) => c,
@@ -68,9 +70,13 @@ pub async fn replay(router: &str, slice: &ScaledTrace) -> Vec<Measured> {
         .iter()
         .enumerate()
         .map(|(i, r)| {
+            let mut tokens = slice.tokens(i);
+            if let Some(v) = vocab {
+                tokens.iter_mut().for_each(|t| *t %= v.max(1));
+            }
             let body = json!({
                 "id": format!("validate-{i}"),
-                "tokens": slice.tokens(i),
+                "tokens": tokens,
                 "max_new_tokens": r.output_tokens,
                 "deadline_ms": DRAIN.as_millis() as u64,
             });

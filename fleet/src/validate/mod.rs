@@ -120,6 +120,16 @@ pub struct ValidateArgs {
     /// `den-agent` beside this binary, where cargo builds and installs both).
     #[arg(long, value_name = "PATH")]
     pub agent: Option<PathBuf>,
+    /// Run the workers on this real GGUF model instead of the synthetic engine: the
+    /// router prices them by the engine plans and step costs they measure and report,
+    /// and the report's router-vs-measured error is that prediction's. The simulator's
+    /// rows still model the synthetic profile (their costs are not the model's).
+    #[arg(long, value_name = "FILE.gguf")]
+    pub model_file: Option<PathBuf>,
+    /// Forward-pass threads of each real-model worker (default 1: the workers share
+    /// this machine's cores).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub model_threads: usize,
 }
 
 impl Default for ValidateArgs {
@@ -145,6 +155,8 @@ impl Default for ValidateArgs {
             rows: false,
             log_dir: None,
             agent: None,
+            model_file: None,
+            model_threads: 1,
         }
     }
 }
@@ -164,6 +176,16 @@ pub struct Plan {
     pub profile: SyntheticProfile,
     /// The simulated fleet, with heartbeat-lagged observations like the real router.
     pub fleet: FleetConfig,
+    /// The real model the workers run (`--model-file`), if any.
+    pub model: Option<RealModel>,
+}
+
+/// A real model for the workers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RealModel {
+    pub path: PathBuf,
+    /// Prompt token ids are the trace's expansion modulo this (the model's vocabulary).
+    pub vocab: u32,
 }
 
 impl Plan {
@@ -275,6 +297,28 @@ pub fn plan(args: &ValidateArgs) -> Result<Plan, String> {
             profile.pool_tokens()
         ));
     }
+    let model = match &args.model_file {
+        None => None,
+        Some(path) => {
+            let m = den_agent::model_file::ModelFile::open(path, None)?;
+            let context = u64::from(m.text.context_length);
+            if longest > context {
+                return Err(format!(
+                    "the slice's longest request needs {longest} tokens but {} holds {context}: raise --length-scale",
+                    path.display()
+                ));
+            }
+            Some(RealModel {
+                path: path.clone(),
+                vocab: u32::try_from(m.text.tokenizer.n_vocab())
+                    .unwrap_or(u32::MAX)
+                    .max(1),
+            })
+        }
+    };
+    if args.model_threads == 0 {
+        return Err("--model-threads 0: give at least one thread".into());
+    }
     let mut fleet = FleetConfig::new(args.workers);
     fleet.cost = profile.cost_model();
     fleet.den = den;
@@ -284,6 +328,7 @@ pub fn plan(args: &ValidateArgs) -> Result<Plan, String> {
         slice: scaled,
         profile,
         fleet,
+        model,
     })
 }
 
@@ -323,7 +368,8 @@ pub async fn run(args: &ValidateArgs, agent: PathBuf) -> Result<String, String> 
         }
     };
     let started = std::time::Instant::now();
-    let measured = measure::replay(&cluster.router_url, &plan.slice).await;
+    let vocab = plan.model.as_ref().map(|m| m.vocab);
+    let measured = measure::replay(&cluster.router_url, &plan.slice, vocab).await;
     let wall_s = started.elapsed().as_secs_f64();
     let calibration = measure::calibration(&cluster.router_url).await;
     cluster.stop().await;
@@ -411,6 +457,22 @@ fn local_cluster_spec(
         "10m".into(),
     ];
     spec.worker_args = worker_flags(p);
+    if let Some(m) = &plan.model {
+        let file = m.path.display().to_string();
+        spec.router_args
+            .extend(["--model-file".to_owned(), file.clone()]);
+        // The model sets its own costs (measured per step) and KV rows; the profile's
+        // synthetic-engine flags do not apply.
+        spec.worker_args = vec![
+            "--model-file".into(),
+            file,
+            "--model-threads".into(),
+            args.model_threads.to_string(),
+            "--ram-bytes".into(),
+            p.ram_bytes.to_string(),
+        ];
+        spec.startup_timeout = Duration::from_secs(120);
+    }
     spec
 }
 

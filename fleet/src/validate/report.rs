@@ -21,6 +21,10 @@ pub struct ValidationReport {
     /// The router's heartbeat interval, ms.
     pub heartbeat_ms: u64,
     pub profile: SyntheticProfile,
+    /// The real model the workers ran (`--model-file`); `None`: the synthetic engine
+    /// with the profile's costs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model_file: Option<String>,
     pub rows: Vec<Row>,
     pub summary: Summary,
     /// What each worker measured of its own costs at the end (vs the declared profile).
@@ -211,6 +215,7 @@ impl ValidationReport {
                 mean_output_tokens: mean(s.requests.iter().map(|r| r.output_tokens as f64)),
             },
             workers: args.workers,
+            model_file: plan.model.as_ref().map(|m| m.path.display().to_string()),
             den: args.den.trim().to_owned(),
             heartbeat_ms: args.heartbeat_ms,
             profile: plan.profile.clone(),
@@ -259,6 +264,12 @@ impl ValidationReport {
             self.heartbeat_ms,
             self.den,
         );
+        if let Some(model) = &self.model_file {
+            let _ = writeln!(
+                out,
+                "the workers ran the real model {model} (the profile's costs above are the simulator's only; the router priced the workers by their reported engine plans)"
+            );
+        }
         let _ = writeln!(
             out,
             "{} completed, {} failed, replayed in {:.1} s wall (client send lag p99 {:.1} ms, client − router TTFT {:+.1} ms mean)",

@@ -223,3 +223,56 @@ fn validate_refuses_bad_options_in_one_line_before_starting_anything() {
         assert!(line.contains(want), "{args:?}: {line}");
     }
 }
+
+/// The same pipeline on real-model workers (`--model-file`, SmolLM2 on two workers of one
+/// thread each): every request of a short slice completes on the real model with the
+/// router's own TTFT prediction — priced from the engine plans and step costs the
+/// workers measure and report — paired with the measurement. The errors themselves are
+/// figures (BENCHMARKS.md), not bounds: they depend on this machine's load.
+#[test]
+fn validate_on_a_real_model_pairs_every_request_with_the_routers_prediction() {
+    let Some(model) = den_tests::environment::model_file("smollm2-135m-instruct-q4_1.gguf") else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let trace = trace();
+    let (code, stdout, stderr) = validate(&[
+        "--trace",
+        trace.to_str().expect("utf-8 path"),
+        "--start",
+        "60",
+        "--requests",
+        "8",
+        "--workers",
+        "2",
+        "--time-scale",
+        "8",
+        "--length-scale",
+        "32",
+        "--model-file",
+        model.to_str().expect("utf-8 path"),
+        "--json",
+        "--log-dir",
+        dir.path().to_str().expect("utf-8 path"),
+    ]);
+    assert_eq!(
+        code,
+        Some(0),
+        "stderr: {stderr}\nstdout: {stdout}\n{}",
+        logs(dir.path())
+    );
+    let report: Value = serde_json::from_str(&stdout).expect("--json prints one JSON report");
+    let rows = report["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 8);
+    for (i, r) in rows.iter().enumerate() {
+        assert!(r.get("error").is_none(), "request {i} failed: {r}");
+        assert!(finite_non_negative(&r["measured_ttft_ms"], "measured TTFT") > 0.0);
+        assert!(finite_non_negative(&r["router_predicted_ttft_ms"], "router prediction") > 0.0);
+        finite_non_negative(&r["router_error"], "router error");
+        assert_eq!(r["real_prompt_tokens"], r["prompt_tokens"], "request {i}");
+        assert_eq!(r["real_output_tokens"], r["output_tokens"], "request {i}");
+    }
+    let e = &report["summary"]["router_vs_measured"];
+    assert_eq!(e["requests"], 8, "{e}");
+    assert!(finite_non_negative(&e["median"], "median") <= finite_non_negative(&e["p90"], "p90"));
+}

@@ -168,9 +168,15 @@ pub fn spawn(
                 },
                 None => None,
             };
+            let mut fit = model::StepFit::default();
             let engine = match (&loaded, &model) {
                 (Some(m), Some(mf)) => match Runner::new(m, runner_options(threads)) {
-                    Ok(r) => Some(ModelEngine::new(r, Arc::clone(&mf.text))),
+                    Ok(mut r) => {
+                        if let Some(seeded) = model::StepFit::calibrated(&mut r) {
+                            fit = seeded;
+                        }
+                        Some(ModelEngine::new(r, Arc::clone(&mf.text)))
+                    }
                     Err(e) => {
                         let _ = ready_tx.send(Err(e.to_string()));
                         return;
@@ -183,11 +189,13 @@ pub fn spawn(
                 ctx,
                 kv: BTreeMap::new(),
                 model: engine,
-                fit: model::StepFit::default(),
+                fit,
             };
             if let Ok(mut plan) = device.ctx.engine_plan.lock() {
                 *plan = None;
             }
+            // A calibrated model reports its idle plan before its first request.
+            device.publish_idle_plan();
             let _ = ready_tx.send(Ok(()));
             if device.model.is_some() {
                 device.run_batched(&rx);

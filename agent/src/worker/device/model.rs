@@ -81,6 +81,38 @@ impl StepFit {
         }
     }
 
+    /// A fit seeded by timing the model on scratch KV before the worker serves: a
+    /// compute-bound step of [`FIT_ROWS`] prompt rows and a one-row weight pass (after
+    /// one untimed pass that warms the weights' pages and the thread pool). Without it
+    /// the worker reports no plan until its first busy step, and the router prices every
+    /// request of a cold burst by defaults: on a cold two-worker SmolLM2 cluster the
+    /// router's predictions were 99 % low (`den-fleet validate --model-file`). `None`
+    /// when the scratch run fails (the fit then starts from the first real steps).
+    pub fn calibrated(runner: &mut Runner<'_, '_>) -> Option<StepFit> {
+        let layout = runner.model().kv_layout();
+        let vocab = u32::try_from(runner.model().vocab()).ok()?.max(1);
+        let page = 16u32;
+        let need = FIT_ROWS + 2;
+        let mut kv = den_model::HostKvPages::new(layout, page, need.div_ceil(page) * 2).ok()?;
+        let prompt: Vec<u32> = (0..FIT_ROWS).map(|i| (i + 1) % vocab).collect();
+        let mut time_pass = |tokens: &[u32]| -> Option<f64> {
+            let mut seq = Sequence::new();
+            kv.reserve(&mut seq, need).ok()?;
+            let t0 = Instant::now();
+            runner.prefill(tokens, &mut kv, &mut seq).ok()?;
+            let ms = t0.elapsed().as_secs_f64() * 1e3;
+            kv.release(&mut seq);
+            Some(ms)
+        };
+        time_pass(&prompt[..1])?; // warm-up, untimed
+        let rows_ms = time_pass(&prompt)?;
+        let pass_ms = time_pass(&prompt[..1])?;
+        let mut fit = StepFit::default();
+        fit.observe(FIT_ROWS, rows_ms);
+        fit.observe(1, pass_ms);
+        Some(fit)
+    }
+
     /// The costs, once a compute-bound step was seen (a weight pass defaults to one row).
     fn costs(&self) -> Option<StepCosts> {
         let row_us = self.row_us?;
@@ -323,6 +355,13 @@ impl Device<'_, '_> {
 
     /// The scheduler's state for the heartbeat: prompts still filling (FCFS, as the
     /// planner serves them), the decoding set and its context, the measured costs.
+    /// The plan of an idle model (nothing pending, nothing decoding), when costs are known.
+    pub(super) fn publish_idle_plan(&self) {
+        if self.model.is_some() {
+            self.publish_plan(&[]);
+        }
+    }
+
     fn publish_plan(&self, active: &[Active]) {
         let Some(costs) = self.fit.costs() else {
             return;
