@@ -115,8 +115,15 @@ pub enum Sub {
         #[arg(long)]
         json: bool,
     },
-    /// Delete a model instance (DELETE /instance/ID on the management API).
-    Delete { instance: String },
+    /// Delete a model instance (DELETE /instance/ID on the management API), then wait
+    /// up to 10 s for /state to stop listing it. Exit 0 gone, 1 refused or unreachable,
+    /// 2 acknowledged but still listed ("deletion requested, not yet confirmed").
+    Delete {
+        instance: String,
+        /// Do not ask before deleting.
+        #[arg(long)]
+        yes: bool,
+    },
     /// Reconcile every stored placement fence (uncertain or interrupted placements) with
     /// the management API it was submitted to, never re-posting: each ends placed,
     /// failed or still uncertain. Exit 0 when nothing is left uncertain or failed.

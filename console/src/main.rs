@@ -85,7 +85,13 @@ fn main() -> ExitCode {
             Some(Sub::Reconcile { json }) => {
                 den_console::commands::reconcile::run(&settings, json).await
             }
-            Some(Sub::Delete { instance }) => {
+            Some(Sub::Delete { instance, yes }) => {
+                let question = format!(
+                    "Delete instance {instance}? Its runners stop and requests to it fail. [y/N] "
+                );
+                if !yes && !confirm("delete", &question) {
+                    return ExitCode::from(1);
+                }
                 oneshot::run(&settings, Command::Delete { instance }, false).await
             }
             Some(Sub::Cancel { request }) => {
@@ -184,19 +190,27 @@ async fn replay(
 /// Asks before a placement is submitted (placements start downloads and claim memory).
 /// Without a terminal to ask on, refuses: scripts pass `--yes`.
 fn confirm_on_terminal(model: &str, nodes: &[String]) -> bool {
-    use std::io::{BufRead, IsTerminal, Write};
-    if !std::io::stdin().is_terminal() {
-        eprintln!(
-            "den place: refusing to submit without confirmation: pass --yes (stdin is not a terminal)"
-        );
-        return false;
-    }
     let target = if nodes.is_empty() {
         "the management node".to_owned()
     } else {
         nodes.join(", ")
     };
-    eprint!("Place {model} on {target}? A submission fence is written first. [y/N] ");
+    confirm(
+        "place",
+        &format!("Place {model} on {target}? A submission fence is written first. [y/N] "),
+    )
+}
+
+/// Asks `question` on the terminal; a non-terminal stdin needs `--yes`.
+fn confirm(verb: &str, question: &str) -> bool {
+    use std::io::{BufRead, IsTerminal, Write};
+    if !std::io::stdin().is_terminal() {
+        eprintln!(
+            "den {verb}: refusing without confirmation: pass --yes (stdin is not a terminal)"
+        );
+        return false;
+    }
+    eprint!("{question}");
     let _ = std::io::stderr().flush();
     let mut answer = String::new();
     if std::io::stdin().lock().read_line(&mut answer).is_err() {
@@ -204,7 +218,7 @@ fn confirm_on_terminal(model: &str, nodes: &[String]) -> bool {
     }
     let yes = matches!(answer.trim(), "y" | "Y" | "yes");
     if !yes {
-        eprintln!("den place: not submitted");
+        eprintln!("den {verb}: nothing sent");
     }
     yes
 }

@@ -153,6 +153,55 @@ async fn place(
     }
 }
 
+/// How long `delete` watches `/state` for the instance to go after the acknowledgement.
+pub const DELETE_CONFIRM: Duration = Duration::from_secs(10);
+const DELETE_POLL: Duration = Duration::from_millis(250);
+
+/// A management API acknowledges a `DELETE` before the instance is gone (Skulk queues a
+/// command): the deletion is done only once `/state` no longer lists it. Within
+/// `within`: ok; after: uncertain, "deletion requested, not yet confirmed".
+async fn confirm_deleted(
+    client: &ManagementClient,
+    id: &InstanceId,
+    acknowledged: Finished,
+    within: Duration,
+    every: Duration,
+) -> Finished {
+    let t0 = std::time::Instant::now();
+    let last_problem = loop {
+        let problem = match client
+            .get_json::<den_protocol::skulk::state::State>("/state")
+            .await
+        {
+            Ok((state, _)) if !state.instances.contains_key(id) => {
+                return Finished {
+                    status: CommandStatus::Ok,
+                    detail: format!(
+                        "{}; {id} is gone from /state after {} ms",
+                        acknowledged.detail,
+                        t0.elapsed().as_millis()
+                    ),
+                    outcome: None,
+                };
+            }
+            Ok(_) => format!("{id} is still listed in /state"),
+            Err(e) => format!("/state could not be read: {e}"),
+        };
+        if t0.elapsed() >= within {
+            break problem;
+        }
+        tokio::time::sleep(every).await;
+    };
+    Finished {
+        status: CommandStatus::Uncertain,
+        detail: format!(
+            "deletion requested, not yet confirmed: {last_problem} {} s after the acknowledgement; check with `den status`",
+            within.as_secs()
+        ),
+        outcome: None,
+    }
+}
+
 /// How a command ended, for the caller (and the exit code of a subcommand).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Finished {
@@ -197,16 +246,29 @@ pub async fn execute(
             .await
         }
         Command::Delete { instance } => {
-            let intent = HttpIntent::delete_instance(&InstanceId::new(instance.as_str()));
-            send_to(
-                targets.management_for(preferred.as_ref()),
+            let id = InstanceId::new(instance.as_str());
+            let target = targets.management_for(preferred.as_ref());
+            let intent = HttpIntent::delete_instance(&id);
+            let sent = send_to(
+                target,
                 "delete needs a management API (--skulk or --router)",
                 intent.path,
                 Method::Delete,
                 tx,
                 &progress,
             )
-            .await
+            .await;
+            match target {
+                Some((_, client)) if sent.status == CommandStatus::Ok => {
+                    let _ = tx
+                        .send(progress(format!(
+                            "deletion acknowledged; waiting for {id} to leave /state"
+                        )))
+                        .await;
+                    confirm_deleted(client, &id, sent, DELETE_CONFIRM, DELETE_POLL).await
+                }
+                _ => sent,
+            }
         }
         Command::Place {
             model,

@@ -171,8 +171,18 @@ async fn manage_den_place_then_status_ready_then_delete() {
     }
 
     for id in [&instance, &other] {
-        let deleted = run_den(&router, &home, &["delete", id]).await;
+        // Without --yes and no terminal, nothing is sent.
+        let refused = run_den(&router, &home, &["delete", id]).await;
+        assert_eq!(refused.code, Some(1), "{}", refused.stderr);
+        assert!(refused.stderr.contains("--yes"), "{}", refused.stderr);
+        let deleted = run_den(&router, &home, &["delete", id, "--yes"]).await;
         assert_eq!(deleted.code, Some(0), "{}", deleted.stderr);
+        // Done means gone from /state, not only acknowledged.
+        assert!(
+            deleted.stdout.contains("gone from /state"),
+            "{}",
+            deleted.stdout
+        );
     }
     m.wait_state("the instance and its runner gone", |s| {
         (s.instances.is_empty() && s.runners.is_empty()).then_some(())

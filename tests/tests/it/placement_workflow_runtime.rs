@@ -646,3 +646,65 @@ async fn placement_runtime_den_place_takes_the_whole_intent_from_the_command_lin
     assert_eq!(json["outcome"], "placed", "{json}");
     assert_eq!(count(&requests(&server), "POST", "/instance"), 1);
 }
+
+/// `den delete` is done only when `/state` stops listing the instance: against runC's
+/// real acknowledgement, an instance that leaves `/state` exits 0 ("gone"), one that
+/// stays exits 2 ("deletion requested, not yet confirmed"); without `--yes` on a
+/// non-terminal nothing is sent.
+#[tokio::test]
+async fn placement_runtime_den_delete_confirms_the_instance_is_gone() {
+    let den = den_tests::process::binary("den").expect("the den binary");
+    let run = |url: String, extra: Vec<&'static str>| {
+        let den = den.clone();
+        async move {
+            tokio::task::spawn_blocking(move || {
+                let state = temp_dir().expect("tempdir");
+                let mut args = vec!["--no-record".to_owned(), "--skulk".to_owned(), url];
+                args.extend(["delete", INSTANCE].map(str::to_owned));
+                args.extend(extra.iter().map(|s| (*s).to_owned()));
+                std::process::Command::new(den)
+                    .args(&args)
+                    .env("XDG_STATE_HOME", state.path())
+                    .env_remove("DEN_CONFIG")
+                    .env_remove("DEN_TOKEN")
+                    .env_remove("DEN_ROUTER")
+                    .output()
+                    .expect("den delete")
+            })
+            .await
+            .expect("joined")
+        }
+    };
+    let gone = server("delete_acknowledged_then_gone.json", &[]);
+    let refused = run(gone.url(), vec![]).await;
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("--yes"));
+    assert_eq!(
+        count(&requests(&gone), "DELETE", &format!("/instance/{INSTANCE}")),
+        0
+    );
+
+    let out = run(gone.url(), vec!["--yes"]).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("gone from /state"), "{stdout}");
+    assert_eq!(
+        count(&requests(&gone), "DELETE", &format!("/instance/{INSTANCE}")),
+        1
+    );
+
+    let listed = server("delete_acknowledged_still_listed.json", &[]);
+    let out = run(listed.url(), vec!["--yes"]).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("deletion requested, not yet confirmed"),
+        "{stderr}"
+    );
+    assert!(stderr.contains(INSTANCE), "{stderr}");
+}
