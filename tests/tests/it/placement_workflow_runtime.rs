@@ -72,6 +72,31 @@ fn request() -> PlacementRequest {
     }
 }
 
+/// The real `den` binary with `args` after `--no-record --skulk URL`, state under `home`,
+/// no inherited den settings, stdin not a terminal.
+async fn den_cli(url: &str, home: &Path, args: &[&str]) -> std::process::Output {
+    let den = den_tests::process::binary("den").expect("the den binary");
+    let mut all = vec![
+        "--no-record".to_owned(),
+        "--skulk".to_owned(),
+        url.to_owned(),
+    ];
+    all.extend(args.iter().map(|s| (*s).to_owned()));
+    let home = home.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        std::process::Command::new(den)
+            .args(&all)
+            .env("XDG_STATE_HOME", &home)
+            .env_remove("DEN_CONFIG")
+            .env_remove("DEN_TOKEN")
+            .env_remove("DEN_ROUTER")
+            .output()
+            .expect("run den")
+    })
+    .await
+    .expect("joined")
+}
+
 /// A progress sink that keeps every note.
 fn recorder() -> (ProgressSink, Arc<Mutex<Vec<ProgressNote>>>) {
     let notes = Arc::new(Mutex::new(Vec::new()));
@@ -517,23 +542,8 @@ async fn placement_runtime_den_reconcile_resolves_stored_fences() {
     let fences = state.path().join("den").join("placement-fences");
     interrupted_placement(&server, &fences).await;
 
-    let den = den_tests::process::binary("den").expect("the den binary");
     let url = server.url();
-    let run = |den: std::path::PathBuf, home: std::path::PathBuf, url: String| async move {
-        tokio::task::spawn_blocking(move || {
-            std::process::Command::new(den)
-                .args(["--no-record", "--skulk", &url, "reconcile"])
-                .env("XDG_STATE_HOME", &home)
-                .env_remove("DEN_CONFIG")
-                .env_remove("DEN_TOKEN")
-                .env_remove("DEN_ROUTER")
-                .output()
-                .expect("den reconcile")
-        })
-        .await
-        .expect("joined")
-    };
-    let out = run(den.clone(), state.path().to_path_buf(), url.clone()).await;
+    let out = den_cli(&url, state.path(), &["reconcile"]).await;
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -547,7 +557,7 @@ async fn placement_runtime_den_reconcile_resolves_stored_fences() {
         "no second POST"
     );
     assert_eq!(fence_files(&fences), 0);
-    let again = run(den, state.path().to_path_buf(), url).await;
+    let again = den_cli(&url, state.path(), &["reconcile"]).await;
     assert!(again.status.success());
     assert!(
         String::from_utf8_lossy(&again.stdout).contains("no stored placement fences"),
@@ -561,35 +571,10 @@ async fn placement_runtime_den_reconcile_resolves_stored_fences() {
 /// (exit 1, a JSON outcome naming why); the intent the previews admit is placed.
 #[tokio::test]
 async fn placement_runtime_den_place_takes_the_whole_intent_from_the_command_line() {
-    let den = den_tests::process::binary("den").expect("the den binary");
-    let run = |url: String, home: std::path::PathBuf, extra: Vec<&'static str>| {
-        let den = den.clone();
-        async move {
-            tokio::task::spawn_blocking(move || {
-                let mut args = vec![
-                    "--no-record".to_owned(),
-                    "--skulk".to_owned(),
-                    url,
-                    "place".to_owned(),
-                    MODEL.to_owned(),
-                    "--node".to_owned(),
-                    NODE.to_owned(),
-                    "--yes".to_owned(),
-                    "--json".to_owned(),
-                ];
-                args.extend(extra.iter().map(|s| (*s).to_owned()));
-                std::process::Command::new(den)
-                    .args(&args)
-                    .env("XDG_STATE_HOME", &home)
-                    .env_remove("DEN_CONFIG")
-                    .env_remove("DEN_TOKEN")
-                    .env_remove("DEN_ROUTER")
-                    .output()
-                    .expect("den place")
-            })
-            .await
-            .expect("joined")
-        }
+    let run = |url: String, home: std::path::PathBuf, extra: Vec<&'static str>| async move {
+        let mut args = vec!["place", MODEL, "--node", NODE, "--yes", "--json"];
+        args.extend(extra);
+        den_cli(&url, &home, &args).await
     };
     for (extra, says) in [
         (
@@ -653,26 +638,13 @@ async fn placement_runtime_den_place_takes_the_whole_intent_from_the_command_lin
 /// non-terminal nothing is sent.
 #[tokio::test]
 async fn placement_runtime_den_delete_confirms_the_instance_is_gone() {
-    let den = den_tests::process::binary("den").expect("the den binary");
+    let state = temp_dir().expect("tempdir");
     let run = |url: String, extra: Vec<&'static str>| {
-        let den = den.clone();
+        let home = state.path().to_path_buf();
         async move {
-            tokio::task::spawn_blocking(move || {
-                let state = temp_dir().expect("tempdir");
-                let mut args = vec!["--no-record".to_owned(), "--skulk".to_owned(), url];
-                args.extend(["delete", INSTANCE].map(str::to_owned));
-                args.extend(extra.iter().map(|s| (*s).to_owned()));
-                std::process::Command::new(den)
-                    .args(&args)
-                    .env("XDG_STATE_HOME", state.path())
-                    .env_remove("DEN_CONFIG")
-                    .env_remove("DEN_TOKEN")
-                    .env_remove("DEN_ROUTER")
-                    .output()
-                    .expect("den delete")
-            })
-            .await
-            .expect("joined")
+            let mut args = vec!["delete", INSTANCE];
+            args.extend(extra);
+            den_cli(&url, &home, &args).await
         }
     };
     let gone = server("delete_acknowledged_then_gone.json", &[]);

@@ -38,17 +38,7 @@ impl RouterActor {
                         return None;
                     }
                 };
-                let sent = self
-                    .conns
-                    .get(&conn)
-                    .is_some_and(|c| c.outbound.try_send(Outbound::Frame(text)).is_ok());
-                if sent {
-                    self.metrics().counter_add(
-                        "den_router_frames_sent_total",
-                        "Frames sent to workers, by type.",
-                        &[("type", kind)],
-                        1.0,
-                    );
+                if self.queue_frame(conn, text, kind) {
                     return None;
                 }
                 tracing::warn!(worker = %frame.to, "send to worker failed; detaching it");
@@ -130,6 +120,24 @@ impl RouterActor {
                 None
             }
         }
+    }
+
+    /// Queues a frame on a connection's outbound queue and counts it; false when the
+    /// queue is full or closed (a send failure).
+    pub(super) fn queue_frame(&self, conn: ConnectionId, text: String, kind: &'static str) -> bool {
+        let sent = self
+            .conns
+            .get(&conn)
+            .is_some_and(|c| c.outbound.try_send(Outbound::Frame(text)).is_ok());
+        if sent {
+            self.metrics().counter_add(
+                "den_router_frames_sent_total",
+                "Frames sent to workers, by type.",
+                &[("type", kind)],
+                1.0,
+            );
+        }
+        sent
     }
 
     fn count(&self, count: Count) {

@@ -101,19 +101,11 @@ impl RouterActor {
                     continue;
                 }
             };
-            let sent = self.node.conn_of(&frame.to).is_some_and(|conn| {
-                self.conns
-                    .get(&conn)
-                    .is_some_and(|c| c.outbound.try_send(Outbound::Frame(text)).is_ok())
-            });
-            if sent {
-                self.metrics().counter_add(
-                    "den_router_frames_sent_total",
-                    "Frames sent to workers, by type.",
-                    &[("type", kind)],
-                    1.0,
-                );
-            } else {
+            let sent = self
+                .node
+                .conn_of(&frame.to)
+                .is_some_and(|conn| self.queue_frame(conn, text, kind));
+            if !sent {
                 tracing::warn!(worker = %frame.to, "{kind} not sent now (no live connection); retried on its next heartbeat");
             }
         }
