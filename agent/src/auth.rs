@@ -101,6 +101,49 @@ pub enum AuthError {
     Malformed,
     #[error("wrong token: check that this client and the router share the same DEN_TOKEN")]
     Wrong,
+    #[error(
+        "this API key reaches only the inference endpoints (/v1/chat/completions, /v1/completions, /v1/models, /v1/generate, /tokenize, /detokenize): use the cluster token"
+    )]
+    InferenceKeyOnly,
+}
+
+impl AuthError {
+    /// 403 for a valid credential of the wrong scope, 401 otherwise.
+    pub fn status(self) -> u16 {
+        match self {
+            AuthError::InferenceKeyOnly => 403,
+            _ => 401,
+        }
+    }
+}
+
+/// The secret of a `Bearer` header value.
+pub fn bearer(header: &str) -> Option<&str> {
+    header
+        .strip_prefix("Bearer ")
+        .or_else(|| header.strip_prefix("bearer "))
+        .map(str::trim)
+}
+
+/// The inference endpoints' check: the cluster token or one of the API keys. Open when
+/// neither is configured.
+pub fn check_inference(
+    token: Option<&Token>,
+    keys: Option<&crate::api_keys::ApiKeys>,
+    header: Option<&str>,
+) -> Result<(), AuthError> {
+    if token.is_none() && keys.is_none() {
+        return Ok(());
+    }
+    let header = header.ok_or(AuthError::Missing)?;
+    let presented = bearer(header).ok_or(AuthError::Malformed)?;
+    let by_token = token.is_some_and(|t| t.matches(presented));
+    let by_key = keys.is_some_and(|k| k.contains(presented));
+    if by_token || by_key {
+        Ok(())
+    } else {
+        Err(AuthError::Wrong)
+    }
 }
 
 /// Check an `Authorization` header value against the expected token. With no expected
@@ -111,11 +154,8 @@ pub fn check(expected: Option<&Token>, header: Option<&str>) -> Result<(), AuthE
         return Ok(());
     };
     let header = header.ok_or(AuthError::Missing)?;
-    let presented = header
-        .strip_prefix("Bearer ")
-        .or_else(|| header.strip_prefix("bearer "))
-        .ok_or(AuthError::Malformed)?;
-    if expected.matches(presented.trim()) {
+    let presented = bearer(header).ok_or(AuthError::Malformed)?;
+    if expected.matches(presented) {
         Ok(())
     } else {
         Err(AuthError::Wrong)

@@ -57,7 +57,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the router: the endpoint workers connect to and clients send requests to.
-    Router(RouterArgs),
+    Router(Box<RouterArgs>),
     /// Run a worker: one per GPU host; connects out to the router.
     Worker(Box<WorkerArgs>),
     /// Start a router and N workers on loopback (child processes of this binary), run a
@@ -79,6 +79,11 @@ pub struct RouterArgs {
     /// Read the shared token from this file's first line instead (keeps it out of argv).
     #[arg(long, env = "DEN_TOKEN_FILE", value_name = "PATH")]
     pub token_file: Option<PathBuf>,
+    /// Inference API keys, one per line (# comments): they reach only the inference
+    /// endpoints (OpenAI ingress, /v1/generate) and get 403 elsewhere; re-read when the
+    /// file changes [default: none].
+    #[arg(long, env = "DEN_API_KEYS_FILE", value_name = "PATH")]
+    pub api_keys_file: Option<PathBuf>,
     /// This router's name in the console feed [default: router].
     #[arg(long, env = "DEN_NAME", value_name = "NAME")]
     pub name: Option<String>,
@@ -326,6 +331,7 @@ pub struct RouterFile {
     pub listen: Option<SocketAddr>,
     pub token: Option<String>,
     pub token_file: Option<PathBuf>,
+    pub api_keys_file: Option<PathBuf>,
     pub name: Option<String>,
     pub heartbeat_interval: Option<String>,
     pub heartbeat_timeout: Option<String>,
@@ -430,6 +436,10 @@ pub fn router_options(
             f.token.as_deref(),
             f.token_file.as_deref(),
         )?,
+        api_keys: match a.api_keys_file.as_ref().or(f.api_keys_file.as_ref()) {
+            Some(path) => Some(crate::api_keys::ApiKeys::from_file(path)?),
+            None => None,
+        },
         heartbeat_interval: a
             .heartbeat_interval
             .or(dur(&f.heartbeat_interval, "router.heartbeat_interval")?)

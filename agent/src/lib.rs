@@ -4,6 +4,7 @@
 //! decisions themselves live in `den-protocol`, and this crate interprets their effects
 //! with real sockets, timers, memory and storage.
 
+pub mod api_keys;
 pub mod auth;
 pub mod cli;
 pub mod config;

@@ -108,6 +108,8 @@ pub struct IngressConfig {
     /// When set, clients must send `Authorization: Bearer <token>` (OpenAI clients do so
     /// with their `api_key`).
     pub token: Option<auth::Token>,
+    /// Inference API keys, accepted besides the token ([`crate::api_keys`]).
+    pub api_keys: Option<crate::api_keys::ApiKeys>,
     pub metrics: Arc<Metrics>,
     /// Largest accepted request body; larger ones get 413.
     pub max_body_bytes: usize,
@@ -126,6 +128,7 @@ impl Default for IngressConfig {
     fn default() -> Self {
         IngressConfig {
             token: None,
+            api_keys: None,
             metrics: Arc::new(Metrics::new()),
             max_body_bytes: 4 << 20,
             default_max_tokens: 256,
@@ -396,7 +399,12 @@ impl Ingress {
         let header = headers
             .get(header::AUTHORIZATION)
             .map(|v| v.to_str().unwrap_or(""));
-        auth::check(self.config.token.as_ref(), header).map_err(|e| ApiError {
+        auth::check_inference(
+            self.config.token.as_ref(),
+            self.config.api_keys.as_ref(),
+            header,
+        )
+        .map_err(|e| ApiError {
             status: StatusCode::UNAUTHORIZED,
             kind: error::ErrorType::InvalidRequest,
             message: format!("{e} (OpenAI clients send it as their api_key)"),

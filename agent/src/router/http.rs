@@ -24,7 +24,6 @@ pub fn routes(handle: RouterHandle) -> Router {
     let guarded = Router::new()
         .route("/v1/agents", get(agents))
         .route("/v1/console", get(console))
-        .route("/v1/generate", post(generate::generate))
         .route("/v1/requests/{id}", get(record))
         .route("/v1/requests/{id}/cancel", post(cancel))
         .route("/v1/workers", get(workers))
@@ -34,8 +33,16 @@ pub fn routes(handle: RouterHandle) -> Router {
             handle.clone(),
             require_token,
         ));
+    // den's own inference API takes the inference API keys too.
+    let inference = Router::new()
+        .route("/v1/generate", post(generate::generate))
+        .route_layer(middleware::from_fn_with_state(
+            handle.clone(),
+            require_token_or_key,
+        ));
     Router::new()
         .merge(guarded)
+        .merge(inference)
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
@@ -84,11 +91,42 @@ async fn require_token(
     }
 }
 
-/// The 401 response when the request does not carry the shared token, else `None`.
+/// Middleware of the inference endpoints: the cluster token or an API key.
+async fn require_token_or_key(
+    State(handle): State<RouterHandle>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let presented = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    let o = handle.options();
+    match auth::check_inference(o.token.as_ref(), o.api_keys.as_ref(), presented) {
+        Ok(()) => next.run(request).await,
+        Err(e) => {
+            count_refusal(&handle);
+            error(StatusCode::UNAUTHORIZED, &e.to_string())
+        }
+    }
+}
+
+/// The 401 response when the request does not carry the shared token (403 for an
+/// inference API key), else `None`.
 pub fn unauthorized(handle: &RouterHandle, headers: &HeaderMap) -> Option<Response> {
-    check_token(handle, headers)
-        .err()
-        .map(|e| error(StatusCode::UNAUTHORIZED, &e.to_string()))
+    check_token(handle, headers).err().map(|e| {
+        let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::UNAUTHORIZED);
+        error(status, &e.to_string())
+    })
+}
+
+fn count_refusal(handle: &RouterHandle) {
+    handle.metrics().counter_add(
+        "den_router_unauthorized_total",
+        "Requests refused for a missing or wrong token.",
+        &[],
+        1.0,
+    );
 }
 
 /// Checks the request's bearer token against the router's (in constant time), counting
@@ -97,14 +135,20 @@ pub fn check_token(handle: &RouterHandle, headers: &HeaderMap) -> Result<(), aut
     let presented = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
-    auth::check(handle.options().token.as_ref(), presented).inspect_err(|_| {
-        handle.metrics().counter_add(
-            "den_router_unauthorized_total",
-            "Requests refused for a missing or wrong token.",
-            &[],
-            1.0,
-        );
-    })
+    let o = handle.options();
+    auth::check(o.token.as_ref(), presented)
+        .map_err(|e| {
+            // A valid inference key on a cluster endpoint: the right door is elsewhere.
+            let key = presented
+                .and_then(auth::bearer)
+                .is_some_and(|p| o.api_keys.as_ref().is_some_and(|k| k.contains(p)));
+            if e == auth::AuthError::Wrong && key {
+                auth::AuthError::InferenceKeyOnly
+            } else {
+                e
+            }
+        })
+        .inspect_err(|_| count_refusal(handle))
 }
 
 /// A JSON error body.

@@ -64,6 +64,9 @@ pub struct RouterOptions {
     /// This router's name in the console feed.
     pub name: NodeId,
     pub token: Option<Token>,
+    /// Inference API keys (`--api-keys-file`): the inference endpoints take them, the
+    /// rest answer 403 to them ([`crate::api_keys`]).
+    pub api_keys: Option<crate::api_keys::ApiKeys>,
     pub heartbeat_interval: Duration,
     pub heartbeat_timeout: Duration,
     pub offer_timeout: Duration,
@@ -94,6 +97,7 @@ impl Default for RouterOptions {
         RouterOptions {
             name: NodeId::from("router"),
             token: None,
+            api_keys: None,
             heartbeat_interval: Duration::from_millis(1000),
             heartbeat_timeout: Duration::from_millis(Discovery::DEFAULT_HEARTBEAT_TIMEOUT_MS),
             offer_timeout: Duration::from_millis(d.offer_timeout_ms),
@@ -416,6 +420,7 @@ impl RouterServer {
     pub fn with_ingress(self) -> Self {
         let config = crate::ingress::IngressConfig {
             token: self.handle.shared.opts.token.clone(),
+            api_keys: self.handle.shared.opts.api_keys.clone(),
             metrics: Arc::clone(self.handle.metrics()),
             text_models: Arc::clone(&self.handle.shared.opts.text_models),
             ..crate::ingress::IngressConfig::default()

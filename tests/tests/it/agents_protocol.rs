@@ -12,7 +12,7 @@ use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 
 use den_protocol::wire::PROTOCOL_VERSION;
-use den_tests::agents::{Router, body, metric_sum, prompt, start_router, start_worker};
+use den_tests::agents::{Router, body, metric_sum, prompt, start_router, start_worker, wait_for};
 
 type Ws =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
@@ -383,4 +383,89 @@ async fn agents_an_impostor_cannot_take_over_a_workers_name() {
     assert_eq!(g.kind(), "completed");
     assert_eq!(g.worker(), "w1");
     assert!(router.proc.log().contains("belongs to another process"));
+}
+
+/// Inference API keys (`--api-keys-file`): a key reaches the OpenAI ingress and
+/// `/v1/generate`, gets 403 (naming the inference endpoints) on the cluster's own
+/// endpoints — workers, consoles, management — which keep needing the token, and the file
+/// is re-read when it changes: a revoked key is refused, a new one admitted, no restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_api_keys_reach_only_inference_and_reload() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("api-keys");
+    std::fs::write(&keys, "# inference clients\nkey-one-aaaaaaaaaaaaaaaa\n").unwrap();
+    let router = start_router(Some("tok"), &["--api-keys-file", keys.to_str().unwrap()]);
+    let _w = start_worker(&router, "w-1", false, &[]);
+    router.wait_workers(&["w-1"]).await;
+    let client = den_tests::agents::client();
+    let chat = json!({"model": "den-synthetic", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
+    let post_chat = |key: &'static str| {
+        let client = client.clone();
+        let url = format!("{}/v1/chat/completions", router.url);
+        let chat = chat.clone();
+        async move {
+            client
+                .post(url)
+                .bearer_auth(key)
+                .json(&chat)
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(post_chat("key-one-aaaaaaaaaaaaaaaa").await.status(), 200);
+    assert_eq!(
+        post_chat("tok").await.status(),
+        200,
+        "the token reaches inference too"
+    );
+    assert_eq!(post_chat("key-unknown-aaaaaaaaaaaa").await.status(), 401);
+    let generate = client
+        .post(format!("{}/v1/generate", router.url))
+        .bearer_auth("key-one-aaaaaaaaaaaaaaaa")
+        .json(&json!({"id": "g1", "tokens": [1, 2, 3], "max_new_tokens": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(generate.status(), 200);
+    for (method, path) in [
+        ("GET", "/v1/workers"),
+        ("GET", "/v1/console"),
+        ("GET", "/v1/agents"),
+        ("POST", "/v1/workers/w-1/drain"),
+        ("GET", "/state"),
+    ] {
+        let url = format!("{}{path}", router.url);
+        let req = match method {
+            "GET" => client.get(&url),
+            _ => client.post(&url).json(&json!({})),
+        };
+        let resp = req
+            .bearer_auth("key-one-aaaaaaaaaaaaaaaa")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 403, "{method} {path}");
+        let text = resp.text().await.unwrap();
+        assert!(text.contains("inference endpoints"), "{path}: {text}");
+        assert!(
+            !text.contains("key-one"),
+            "{path}: the key is not echoed: {text}"
+        );
+    }
+    // The worker is still serving: the drain was refused before its handler ran.
+    assert_eq!(post_chat("key-one-aaaaaaaaaaaaaaaa").await.status(), 200);
+    // Revoke one, add two: the router re-reads the file within a few seconds.
+    std::fs::write(&keys, "key-two-bbbbbbbbbbbbbbbb\n").unwrap();
+    wait_for(
+        "the new key to be admitted",
+        Duration::from_secs(10),
+        || async { (post_chat("key-two-bbbbbbbbbbbbbbbb").await.status() == 200).then_some(()) },
+    )
+    .await;
+    assert_eq!(post_chat("key-one-aaaaaaaaaaaaaaaa").await.status(), 401);
+    // A broken edit keeps the keys in force.
+    std::fs::write(&keys, "too-short\n").unwrap();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(post_chat("key-two-bbbbbbbbbbbbbbbb").await.status(), 200);
 }

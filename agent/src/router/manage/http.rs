@@ -98,11 +98,15 @@ fn missing(param: &str) -> Response {
     (StatusCode::UNPROCESSABLE_ENTITY, Json(body)).into_response()
 }
 
-/// The 401 answer when the request lacks the router's token.
+/// The 401 answer when the request lacks the router's token (403 for an inference API
+/// key: management needs the cluster token).
 fn unauthorized(handle: &RouterHandle, headers: &HeaderMap) -> Option<Response> {
     check_token(handle, headers)
         .err()
-        .map(|e| envelope(StatusCode::UNAUTHORIZED, "unauthorized", &e.to_string()))
+        .map(|e| match e.status() {
+            403 => envelope(StatusCode::FORBIDDEN, "forbidden", &e.to_string()),
+            _ => envelope(StatusCode::UNAUTHORIZED, "unauthorized", &e.to_string()),
+        })
 }
 
 /// Sends a request to the router actor and waits for its answer (`None`: the actor
