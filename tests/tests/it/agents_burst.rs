@@ -1,6 +1,6 @@
 //! A burst between two heartbeats spreads over the workers: the router counts the work
 //! it offered since each worker's last heartbeat instead of pricing every request of the
-//! burst by the same stale, idle `queue_ms` (agent/src/router/actor/inflight.rs).
+//! burst by the same stale, idle `queue_ms` (protocol/src/router_node/inflight.rs).
 
 use std::collections::BTreeMap;
 
