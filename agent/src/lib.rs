@@ -18,6 +18,7 @@ pub mod metrics;
 pub mod model_file;
 pub mod router;
 pub mod serving;
+pub mod systemd;
 pub mod tiers;
 pub mod worker;
 pub mod workload;

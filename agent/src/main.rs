@@ -70,9 +70,24 @@ async fn router(args: &cli::RouterArgs, file: &FileConfig) -> ExitCode {
         "router started"
     );
     let server = RouterServer::start(opts).with_ingress().with_management();
-    match server.serve(listener, shutdown_signal()).await {
+    // The listener is bound: connections queue until `serve` takes them.
+    notify_ready(&format!("router listening on {addr}"));
+    let stop = async {
+        shutdown_signal().await;
+        if let Err(e) = den_agent::systemd::stopping() {
+            tracing::warn!("{e}");
+        }
+    };
+    match server.serve(listener, stop).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(1, &format!("router failed: {e}")),
+    }
+}
+
+/// systemd readiness (`Type=notify`); a failure is a warning, not a stop.
+fn notify_ready(status: &str) {
+    if let Err(e) = den_agent::systemd::ready(status) {
+        tracing::warn!("{e}");
     }
 }
 
@@ -91,7 +106,11 @@ async fn run_worker(args: &cli::WorkerArgs, file: &FileConfig) -> ExitCode {
     if let Some(a) = running.endpoints.fault_admin {
         say(&format!("den-agent worker fault-admin on http://{a}"));
     }
+    notify_ready("worker started");
     shutdown_signal().await;
+    if let Err(e) = den_agent::systemd::stopping() {
+        tracing::warn!("{e}");
+    }
     running.shutdown().await;
     ExitCode::SUCCESS
 }

@@ -78,6 +78,10 @@ fn the_example_units_start_on_a_fresh_install() {
             !text.contains("DEN_TOKEN=") && text.contains("DEN_TOKEN_FILE="),
             "{name}: the token belongs in a file, not in the unit"
         );
+        assert!(
+            text.lines().any(|l| l.trim() == "Type=notify"),
+            "{name}: den-agent reports readiness (sd_notify); the unit should wait for it"
+        );
         let (sub, flags) = exec_flags(&text);
         let command = cli
             .find_subcommand(&sub)

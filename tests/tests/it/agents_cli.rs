@@ -242,3 +242,62 @@ fn agents_local_runs_a_cluster_and_a_shared_prefix_workload() {
     assert!(cached > 0.0, "shared prefixes were reused: {out}");
     assert!(out.contains("served by: w-"), "{out}");
 }
+
+/// systemd readiness (`Type=notify`): with `$NOTIFY_SOCKET` set, the router sends
+/// `READY=1` once it listens (its address answers `/healthz` by then) and `STOPPING=1`
+/// when SIGTERM starts its drain; a worker sends `READY=1` once started. The socket is a
+/// real Unix datagram socket standing in for systemd's (no systemd runs here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_tell_systemd_when_they_are_ready_and_stopping() {
+    use std::os::unix::net::UnixDatagram;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("notify");
+    let sock = UnixDatagram::bind(&path).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let recv = |sock: &UnixDatagram| {
+        let mut buf = [0u8; 512];
+        let n = sock.recv(&mut buf).expect("a notification within 20 s");
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    };
+    let env = [("NOTIFY_SOCKET", path.display().to_string())];
+    let args: Vec<String> = ["router", "--listen", "127.0.0.1:0", "--chunk-size", "16"]
+        .map(str::to_owned)
+        .to_vec();
+    let mut router = den_tests::agents::Proc::spawn("router", dir.path(), &args, &env);
+    let url = router.wait_line("den-agent router listening on ", Duration::from_secs(20));
+    let ready = recv(&sock);
+    assert!(ready.starts_with("READY=1\n"), "{ready:?}");
+    assert!(ready.contains("STATUS=router listening on "), "{ready:?}");
+    let health = den_tests::agents::client()
+        .get(format!("{url}/healthz"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 200);
+
+    let worker_args: Vec<String> = [
+        "worker",
+        "--router",
+        url.as_str(),
+        "--name",
+        "w-n",
+        "--chunk-size",
+        "16",
+        "--data-dir",
+    ]
+    .map(str::to_owned)
+    .into_iter()
+    .chain([dir.path().join("w-n").display().to_string()])
+    .collect();
+    let mut worker = den_tests::agents::Proc::spawn("w-n", dir.path(), &worker_args, &env);
+    let ready = recv(&sock);
+    assert_eq!(ready, "READY=1\nSTATUS=worker started");
+
+    router.signal("TERM");
+    assert_eq!(recv(&sock), "STOPPING=1");
+    router.wait_exit(Duration::from_secs(20));
+    worker.signal("TERM");
+    assert_eq!(recv(&sock), "STOPPING=1");
+    worker.wait_exit(Duration::from_secs(20));
+}
