@@ -31,7 +31,14 @@ async fn restore_setup(router_args: &[&str], tokens: &[u32]) -> (Router, Worker,
         ("completed", "w-a")
     );
     a.wait_idle().await;
-    let b = start_worker(&router, "w-b", true, &args);
+    // w-b prefills 5× slower, so w-a's RAM restore wins by ~16 ms, not by the ~1 ms of
+    // object reads between two equal workers — a margin w-a's measured prefill cost,
+    // inflated on a loaded machine, used to erase (w-b was then chosen first and w-a
+    // never saw the request). After the fault w-b restores from objects and prefills
+    // one token.
+    let mut b_args: Vec<&str> = vec!["--prefill-ms-per-token", "20"];
+    b_args.extend(args.iter().copied().skip(2));
+    let b = start_worker(&router, "w-b", true, &b_args);
     router.wait_workers(&["w-a", "w-b"]).await;
     a.fault("/fault/evict-resident").await;
     wait_for(
