@@ -183,7 +183,7 @@ impl Header {
             sources,
             redaction,
             console,
-            extra: BTreeMap::new(),
+            extra: Default::default(),
         }
     }
 }

@@ -4,6 +4,7 @@
 //! their camelCase (a preview has `model_id`, its instance has `instanceId`). `GET
 //! /node_id` answers a bare JSON string: parse it as [`crate::ids::NodeId`].
 
+use crate::skulk::extra::Extra;
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
@@ -27,7 +28,7 @@ pub struct NodeIdentityResponse {
     #[serde(default, alias = "ip_address")]
     pub ip_address: String,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 open_enum! {
@@ -53,7 +54,7 @@ pub struct PreviewsResponse {
     #[serde(default)]
     pub previews: Vec<PlacementPreview>,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 /// One candidate placement. `sharding`/`instance_meta` say what was REQUESTED; the real
@@ -93,7 +94,7 @@ pub struct PlacementPreview {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compatibility_detail: Option<String>,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 impl PlacementPreview {
@@ -182,7 +183,7 @@ pub struct CreateInstanceResponse {
     #[serde(default)]
     pub model_card: Option<ModelCard>,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 /// `DELETE /instance/{id}` → acknowledgement.
@@ -193,7 +194,7 @@ pub struct DeleteInstanceResponse {
     pub command_id: CommandId,
     pub instance_id: InstanceId,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 /// `POST /v1/cancel/{command_id}` → acknowledgement.
@@ -231,7 +232,7 @@ pub struct ModelList {
     #[serde(default)]
     pub data: Vec<ModelListEntry>,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -283,7 +284,7 @@ pub struct ModelListEntry {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub registry_card_id: Option<RegistryCardId>,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 /// Newer dialect: `GET /models/requirements?model_id=…&context_tokens=…`. Advisory; it
@@ -327,7 +328,7 @@ pub struct ModelRequirements {
     #[serde(default = "yes")]
     pub estimate_only: bool,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 fn yes() -> bool {

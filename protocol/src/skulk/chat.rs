@@ -3,7 +3,7 @@
 //! Skulk's streamed chunks say `"object": "chat.completion"` (not `.chunk`); both are
 //! accepted. Fields den does not read are kept in `extra`.
 
-use std::collections::BTreeMap;
+use crate::skulk::extra::Extra;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -19,7 +19,7 @@ pub struct ChatMessage {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning_content: Option<String>,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 impl ChatMessage {
@@ -28,7 +28,7 @@ impl ChatMessage {
             role: "user".to_owned(),
             content: Some(Value::String(text.to_owned())),
             reasoning_content: None,
-            extra: BTreeMap::new(),
+            extra: Default::default(),
         }
     }
 
@@ -48,7 +48,7 @@ pub struct ChatCompletionRequest {
     #[serde(default)]
     pub stream: bool,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -65,7 +65,7 @@ pub struct ChatCompletionResponse {
     #[serde(default)]
     pub usage: Option<Value>,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -76,7 +76,7 @@ pub struct ChatChoice {
     #[serde(default)]
     pub finish_reason: Option<String>,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 /// One `data:` frame of a streamed completion.
@@ -94,7 +94,7 @@ pub struct ChatCompletionChunk {
     #[serde(default)]
     pub usage: Option<Value>,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -105,5 +105,5 @@ pub struct ChunkChoice {
     #[serde(default)]
     pub finish_reason: Option<String>,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }

@@ -5,6 +5,7 @@
 //! and `registryCardId` on the card. A record without an attempt id is incomplete
 //! evidence, not an error.
 
+use crate::skulk::extra::Extra;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -146,7 +147,7 @@ pub struct DownloadPending {
     #[serde(default)]
     pub total: Memory,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -163,7 +164,7 @@ pub struct DownloadOngoing {
     #[serde(alias = "download_progress")]
     pub download_progress: DownloadProgressData,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -182,7 +183,7 @@ pub struct DownloadCompleted {
     #[serde(default, alias = "read_only")]
     pub read_only: bool,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -199,7 +200,7 @@ pub struct DownloadFailed {
     #[serde(default, alias = "error_message")]
     pub error_message: String,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 /// `downloadProgress` of an ongoing download; `files` repeats the shape per file.

@@ -6,7 +6,7 @@
 //! `Internal Server Error` for unhandled exceptions. [`ApiError::from_response`] turns any
 //! non-2xx response into one [`ApiError`] whose `Display` is a single line.
 
-use std::collections::BTreeMap;
+use crate::skulk::extra::Extra;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
@@ -33,7 +33,7 @@ pub struct ErrorInfo {
     #[serde(default)]
     pub code: Option<ErrorCode>,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 /// `code`: an integer status in Skulk, a string in some OpenAI-compatible servers.
@@ -68,7 +68,7 @@ pub struct ValidationIssue {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ctx: Option<Value>,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 impl ValidationIssue {

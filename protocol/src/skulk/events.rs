@@ -7,7 +7,7 @@
 //! serialised back, those nested objects are written in camelCase (den's own form).
 //! The log is bounded by ring retention: never treat it as complete history.
 
-use std::collections::BTreeMap;
+use crate::skulk::extra::Extra;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -75,7 +75,7 @@ pub struct NodeGatheredInfo {
     #[serde(default)]
     pub info: Value,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -83,7 +83,7 @@ pub struct NodeDownloadProgress {
     pub event_id: EventId,
     pub download_progress: DownloadProgress,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -91,7 +91,7 @@ pub struct InstanceCreated {
     pub event_id: EventId,
     pub instance: Instance,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -99,7 +99,7 @@ pub struct InstanceDeleted {
     pub event_id: EventId,
     pub instance_id: InstanceId,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -107,7 +107,7 @@ pub struct InstanceFailureRecorded {
     pub event_id: EventId,
     pub failure: InstanceFailure,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -116,7 +116,7 @@ pub struct TaskCreated {
     pub task_id: TaskId,
     pub task: Task,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -125,7 +125,7 @@ pub struct TaskStatusUpdated {
     pub task_id: TaskId,
     pub task_status: TaskStatus,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -137,7 +137,7 @@ pub struct TaskFailed {
     #[serde(default)]
     pub error_message: String,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -145,7 +145,7 @@ pub struct TaskRef {
     pub event_id: EventId,
     pub task_id: TaskId,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -154,7 +154,7 @@ pub struct RunnerStatusUpdated {
     pub runner_id: RunnerId,
     pub runner_status: RunnerStatus,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -164,7 +164,7 @@ pub struct NodeTimedOut {
     #[serde(default)]
     pub evidence: Option<Value>,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -174,7 +174,7 @@ pub struct TopologyEdge {
     #[serde(default)]
     pub conn: Value,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -182,5 +182,5 @@ pub struct TracingStateChanged {
     pub event_id: EventId,
     pub enabled: bool,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }

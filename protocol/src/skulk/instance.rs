@@ -1,9 +1,9 @@
 //! Placed model instances (tagged: `MlxRingInstance`, `MlxJacclInstance`, …).
 
+use crate::skulk::extra::Extra;
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use super::common::{InstanceId, ModelId, RunnerId};
 use super::model::{ModelCard, ShardMetadata};
@@ -96,7 +96,7 @@ pub struct ShardAssignments {
     #[serde(default, alias = "node_to_runner")]
     pub node_to_runner: BTreeMap<NodeId, RunnerId>,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 impl ShardAssignments {
@@ -140,7 +140,7 @@ pub struct MlxRingInstance {
     #[serde(default, alias = "ephemeral_port")]
     pub ephemeral_port: u64,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -158,7 +158,7 @@ pub struct MlxJacclInstance {
     #[serde(default, alias = "jaccl_coordinators")]
     pub jaccl_coordinators: BTreeMap<NodeId, String>,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -175,5 +175,5 @@ pub struct LlamaRpcInstance {
     #[serde(default, alias = "donor_endpoints")]
     pub donor_endpoints: BTreeMap<NodeId, String>,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }

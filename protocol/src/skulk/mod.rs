@@ -23,6 +23,7 @@ pub mod common;
 pub mod download;
 pub mod error;
 pub mod events;
+pub mod extra;
 pub mod http;
 pub mod instance;
 pub mod model;

@@ -5,7 +5,7 @@
 //! (`registryCardId`) are written only when present: a strict 1.3.0 server would refuse
 //! an unknown key. Anything else is kept in `extra` and written back verbatim.
 
-use std::collections::BTreeMap;
+use crate::skulk::extra::Extra;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -78,7 +78,7 @@ pub struct ModelCard {
     pub registry_card_id: Option<RegistryCardId>,
     /// Fields den does not know (e.g. `sourceRevision`), kept verbatim.
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 impl ModelCard {
@@ -110,7 +110,7 @@ impl ModelCard {
             runtime: None,
             placement: None,
             registry_card_id: None,
-            extra: BTreeMap::new(),
+            extra: Default::default(),
         }
     }
 
@@ -136,7 +136,7 @@ pub struct CardPlacement {
     #[serde(default, alias = "backend_preference")]
     pub backend_preference: Vec<String>,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 tagged_union! {
@@ -228,7 +228,7 @@ pub struct ShardFields {
     )]
     pub pipeline_world_size: Option<u64>,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 fn one() -> u64 {

@@ -1,6 +1,7 @@
 //! Per-node maps of `/state` (network, memory, system, identity, disk, RDMA, health) and
 //! the newer dialect's `nodeResources`.
 
+use crate::skulk::extra::Extra;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -15,7 +16,7 @@ pub struct NodeNetworkInfo {
     #[serde(default)]
     pub interfaces: Vec<NetworkInterface>,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -27,7 +28,7 @@ pub struct NetworkInterface {
     #[serde(default, alias = "interface_type")]
     pub interface_type: String,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 /// `nodeThunderbolt[node]`; interface identifiers are kept raw.
@@ -36,7 +37,7 @@ pub struct NodeThunderboltInfo {
     #[serde(default)]
     pub interfaces: Vec<Value>,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 /// `nodeThunderboltBridge[node]`.
@@ -50,7 +51,7 @@ pub struct ThunderboltBridgeStatus {
     #[serde(default, alias = "service_name")]
     pub service_name: Option<String>,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 /// `nodeMemory[node]`.
@@ -66,7 +67,7 @@ pub struct NodeMemory {
     #[serde(default, alias = "swap_available")]
     pub swap_available: Memory,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 /// `nodeSystem[node]`: utilisation and power, with an optional accelerator reading.
@@ -86,7 +87,7 @@ pub struct NodeSystem {
     #[serde(default)]
     pub accelerator: Option<Accelerator>,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -111,7 +112,7 @@ pub struct Accelerator {
     #[serde(default, alias = "clock_mhz")]
     pub clock_mhz: Option<f64>,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 /// `nodeIdentities[node]`: hardware and software identity.
@@ -133,7 +134,7 @@ pub struct NodeIdentityInfo {
     #[serde(default, alias = "skulk_commit")]
     pub skulk_commit: String,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 /// `nodeDisk[node]`.
@@ -144,7 +145,7 @@ pub struct NodeDisk {
     #[serde(default)]
     pub available: Memory,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 /// `nodeRdmaCtl[node]`.
@@ -156,7 +157,7 @@ pub struct NodeRdmaCtl {
     #[serde(default, alias = "interfaces_present")]
     pub interfaces_present: bool,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 open_enum! {
@@ -176,7 +177,7 @@ pub struct NodeHealth {
     #[serde(default)]
     pub reasons: Vec<HealthReason>,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -187,7 +188,7 @@ pub struct HealthReason {
     #[serde(default)]
     pub remediation: Option<String>,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 /// Newer dialect: `nodeResources[node]`, the endpoint's live resource observation of a
@@ -237,5 +238,5 @@ pub struct NodeResources {
     )]
     pub capability_conflicts: Vec<Value>,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }

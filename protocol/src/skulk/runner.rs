@@ -1,9 +1,8 @@
 //! Runner statuses (tagged: `{"RunnerReady": {}}`, `{"RunnerFailed": {"errorMessage": …}}`).
 
-use std::collections::BTreeMap;
+use crate::skulk::extra::Extra;
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use super::tagged::tagged_union;
 
@@ -11,7 +10,7 @@ use super::tagged::tagged_union;
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct NoFields {
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 tagged_union! {
@@ -39,7 +38,7 @@ pub struct RunnerLoading {
     #[serde(default, alias = "total_layers")]
     pub total_layers: u64,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -48,7 +47,7 @@ pub struct RunnerFailed {
     #[serde(default, alias = "error_message")]
     pub error_message: Option<String>,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 /// A coarse classification of [`RunnerStatus`] for readiness decisions.

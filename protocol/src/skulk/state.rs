@@ -6,10 +6,10 @@
 //! top-level keys are kept in `extra`. [`State::dialect`] says which newer fields a body
 //! carried.
 
+use crate::skulk::extra::Extra;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use super::common::{AttemptId, CommandId, InstanceId, ModelId, RunnerId};
 use super::download::DownloadProgress;
@@ -91,7 +91,7 @@ pub struct State {
     pub node_pools: Option<BTreeMap<NodeId, NodePool>>,
     /// Top-level keys den does not know, kept verbatim.
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 fn minus_one() -> i64 {
@@ -122,7 +122,7 @@ pub struct InstanceFailure {
     #[serde(default, alias = "failed_at", skip_serializing_if = "Option::is_none")]
     pub failed_at: Option<String>,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 /// den addition: one command's status, so that an accepted command's outcome can be read
@@ -143,7 +143,7 @@ pub struct CommandStatus {
     pub instance_id: Option<InstanceId>,
     pub outcome: CommandOutcome,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 tagged_union! {
@@ -161,7 +161,7 @@ pub struct CommandRejected {
     #[serde(default)]
     pub message: String,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 /// den addition: inference served through one instance's current runner. Counts reset
@@ -181,7 +181,7 @@ pub struct InstanceInference {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_completed_at: Option<String>,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 /// den addition: a node's KV page pool. Every page is free, reserved or resident;
@@ -212,7 +212,7 @@ pub struct NodePool {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runner: Option<RunnerPoolSummary>,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 /// den addition: one runner's memory.
@@ -229,7 +229,7 @@ pub struct RunnerPoolSummary {
     #[serde(default)]
     pub context_tokens: u64,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 /// Which fields of the newer dialect a `/state` body carried.

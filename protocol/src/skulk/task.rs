@@ -2,7 +2,7 @@
 //!
 //! `taskParams` of generation tasks is a plain snake_case object and is kept as raw JSON.
 
-use std::collections::BTreeMap;
+use crate::skulk::extra::Extra;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -108,7 +108,7 @@ pub struct BaseTask {
     #[serde(alias = "instance_id")]
     pub instance_id: InstanceId,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -123,7 +123,7 @@ pub struct CreateRunnerTask {
     #[serde(alias = "bound_instance")]
     pub bound_instance: BoundInstance,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 /// The instance a runner is created for, with the runner and node it is bound to.
@@ -136,7 +136,7 @@ pub struct BoundInstance {
     #[serde(alias = "bound_node_id")]
     pub bound_node_id: NodeId,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -151,7 +151,7 @@ pub struct DownloadModelTask {
     #[serde(alias = "shard_metadata")]
     pub shard_metadata: ShardMetadata,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 /// TextGeneration, ImageGeneration, ImageEdits and TextEmbedding.
@@ -178,7 +178,7 @@ pub struct GenerationTask {
     #[serde(default, alias = "error_message")]
     pub error_message: Option<String>,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -195,7 +195,7 @@ pub struct CancelTask {
     #[serde(alias = "runner_id")]
     pub runner_id: RunnerId,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -210,5 +210,5 @@ pub struct ShutdownTask {
     #[serde(alias = "runner_id")]
     pub runner_id: RunnerId,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }

@@ -4,6 +4,7 @@
 //! `sinkMultiaddr` (whose inner keys are snake_case computed fields), an RDMA edge has
 //! `sourceRdmaIface`/`sinkRdmaIface`. Anything else is kept raw.
 
+use crate::skulk::extra::Extra;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -18,7 +19,7 @@ pub struct Topology {
     #[serde(default)]
     pub connections: BTreeMap<NodeId, BTreeMap<NodeId, Vec<Edge>>>,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 impl Topology {
@@ -50,7 +51,7 @@ pub struct SocketEdge {
     #[serde(rename = "sinkMultiaddr", alias = "sink_multiaddr")]
     pub sink_multiaddr: Multiaddr,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -61,7 +62,7 @@ pub struct RdmaEdge {
     #[serde(alias = "sink_rdma_iface")]
     pub sink_rdma_iface: String,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }
 
 /// A libp2p multiaddress (a plain model: snake_case keys).
@@ -75,5 +76,5 @@ pub struct Multiaddr {
     #[serde(default)]
     pub port: Option<u64>,
     #[serde(flatten)]
-    pub extra: BTreeMap<String, Value>,
+    pub extra: Extra,
 }

@@ -41,6 +41,10 @@ fn state_with_a_prompt() -> String {
 }
 
 async fn record(name: &str) -> Vec<u8> {
+    record_state(name, state_with_a_prompt()).await
+}
+
+async fn record_state(name: &str, state: String) -> Vec<u8> {
     let dir = den_tests::temp_dir().expect("temp dir");
     let file = dir.path().join(name);
     let hello = FeedMessage::Hello {
@@ -50,7 +54,7 @@ async fn record(name: &str) -> Vec<u8> {
     };
     let router = RouterStub::start(
         "12D3KooWDerivedNodeAlphaXXXXXXXXXXXXXXXXXXXXXXXXXXXX",
-        state_with_a_prompt(),
+        state,
         vec![hello],
     )
     .await
@@ -103,4 +107,29 @@ async fn tokens_and_prompts_appear_nowhere_in_the_recording() {
         assert!(contains(header, b"\"policy\":\"den-redact-1\""));
         assert!(contains(header, b"\"known_secrets\":1"));
     }
+}
+
+/// Unknown fields are bounded before they are kept: a `/state` (which needs no token)
+/// carrying a 2 MB field den does not know, at the top and inside a task, re-sent on every
+/// poll for 3 s, leaves a recording of kilobytes with a marker naming the size — not
+/// megabytes per poll (a 50 MB field once made 150 MB of recording in 3 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_skulk_fields_are_bounded_in_the_recording() {
+    let mut state: serde_json::Value = serde_json::from_str(&state_with_a_prompt()).unwrap();
+    let junk = "j".repeat(2_000_000);
+    state["junkFromANewerSkulk"] = serde_json::Value::String(junk.clone());
+    if let Some(tasks) = state["tasks"].as_object_mut() {
+        for task in tasks.values_mut() {
+            if let Some(inner) = task.as_object_mut().and_then(|t| t.values_mut().next()) {
+                inner["junkInATask"] = serde_json::Value::String(junk.clone());
+            }
+        }
+    }
+    let bytes = record_state("junk.jsonl", state.to_string()).await;
+    assert!(bytes.len() < 256 * 1024, "{} bytes recorded", bytes.len());
+    assert!(
+        contains(&bytes, b"not kept"),
+        "the marker says what was dropped"
+    );
+    assert!(!contains(&bytes, &junk.as_bytes()[..4096]));
 }

@@ -221,7 +221,7 @@ impl ModelCatalog {
         ModelList {
             object: "list".to_owned(),
             data: self.cards.values().map(Card::list_entry).collect(),
-            extra: BTreeMap::new(),
+            extra: Default::default(),
         }
     }
 }
@@ -574,7 +574,7 @@ impl Card {
             min_vram_gib: None,
             max_context_tokens: Some(self.context_length),
             backend_preference: Vec::new(),
-            extra: BTreeMap::new(),
+            extra: Default::default(),
         });
         card.registry_card_id = self.registry_card_id.clone();
         card.extra

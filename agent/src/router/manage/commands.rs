@@ -1,8 +1,6 @@
 //! `POST /instance` and `DELETE /instance/{id}`: validation, command records (bounded)
 //! and the frames that carry them out.
 
-use std::collections::BTreeMap;
-
 use den_protocol::ids::WorkerId;
 use den_protocol::skulk::api::{
     CreateInstanceRequest, CreateInstanceResponse, DeleteInstanceResponse,
@@ -164,7 +162,7 @@ impl Manager {
                 command_id: command,
                 instance_id: Some(id),
                 model_card: Some(expected),
-                extra: BTreeMap::new(),
+                extra: Default::default(),
             },
             frames,
         ))
@@ -193,7 +191,7 @@ impl Manager {
                 placed,
                 CommandOutcome::Rejected(CommandRejected {
                     message: format!("instance {id} was deleted before its runner started"),
-                    extra: BTreeMap::new(),
+                    extra: Default::default(),
                 }),
             );
         }
@@ -221,7 +219,7 @@ impl Manager {
                 ),
                 command_id: command,
                 instance_id: id.clone(),
-                extra: BTreeMap::new(),
+                extra: Default::default(),
             },
             vec![frame],
         ))
@@ -253,7 +251,7 @@ impl Manager {
                 kind: kind.to_owned(),
                 instance_id: Some(instance.clone()),
                 outcome: CommandOutcome::Pending(NoFields::default()),
-                extra: BTreeMap::new(),
+                extra: Default::default(),
             },
         );
         self.command_order.push_back(command.clone());

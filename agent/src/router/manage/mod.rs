@@ -374,7 +374,7 @@ fn failure(
         runner_id: Some(rec.runner.clone()),
         attempt_id: attempt,
         failed_at: Some(iso8601(unix_ms)),
-        extra: BTreeMap::new(),
+        extra: Default::default(),
     }
 }
 

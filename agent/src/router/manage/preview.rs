@@ -133,7 +133,7 @@ impl Manager {
             context_token_limit: Some(limit),
             max_context_tokens: Some(limit),
             compatibility_detail: None,
-            extra: BTreeMap::new(),
+            extra: Default::default(),
         }
     }
 }
@@ -160,13 +160,13 @@ pub(crate) fn assignments(
         cfg_world_size: None,
         pipeline_rank: None,
         pipeline_world_size: None,
-        extra: BTreeMap::new(),
+        extra: Default::default(),
     });
     ShardAssignments {
         model_id: card.model_id.clone(),
         runner_to_shard: BTreeMap::from([(runner.clone(), shard)]),
         node_to_runner: BTreeMap::from([(node.clone(), runner.clone())]),
-        extra: BTreeMap::new(),
+        extra: Default::default(),
     }
 }
 
@@ -215,14 +215,14 @@ fn refused(model: &ModelId, card: Option<&Card>, error: String, code: &str) -> P
         context_token_limit: None,
         max_context_tokens: None,
         compatibility_detail: None,
-        extra: BTreeMap::new(),
+        extra: Default::default(),
     }
 }
 
 fn response(previews: Vec<PlacementPreview>) -> PreviewsResponse {
     PreviewsResponse {
         previews,
-        extra: BTreeMap::new(),
+        extra: Default::default(),
     }
 }
 

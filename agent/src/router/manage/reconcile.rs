@@ -3,8 +3,6 @@
 //! re-sending unanswered frames, adoption of runners a restarted router did not know,
 //! and workers that went away.
 
-use std::collections::BTreeMap;
-
 use den_protocol::ids::{NodeId, WorkerId};
 use den_protocol::observation::{Observation, RunnerReport, RunnerStage};
 use den_protocol::skulk::runner::NoFields;
@@ -217,7 +215,7 @@ impl Manager {
                     command,
                     CommandOutcome::Rejected(CommandRejected {
                         message: message.clone(),
-                        extra: BTreeMap::new(),
+                        extra: Default::default(),
                     }),
                 );
             }

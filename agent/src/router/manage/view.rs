@@ -47,7 +47,7 @@ impl Manager {
                 .chain(live.iter().map(|(w, _)| node_of(w)))
                 .collect(),
             connections: BTreeMap::new(),
-            extra: BTreeMap::new(),
+            extra: Default::default(),
         };
         state
             .last_seen
@@ -82,7 +82,7 @@ impl Manager {
                         "runner {} is gone from worker {}",
                         rec.runner, rec.worker
                     )),
-                    extra: BTreeMap::new(),
+                    extra: Default::default(),
                 }),
                 None => RunnerStatus::Idle(NoFields::default()),
             };
@@ -135,7 +135,7 @@ impl Manager {
             cfg_world_size: None,
             pipeline_rank: None,
             pipeline_world_size: None,
-            extra: BTreeMap::new(),
+            extra: Default::default(),
         });
         let attempt = Some(d.attempt_id.clone());
         let total = Memory::from_bytes(d.bytes_total);
@@ -148,7 +148,7 @@ impl Manager {
                 attempt_id: attempt,
                 downloaded: done,
                 total,
-                extra: BTreeMap::new(),
+                extra: Default::default(),
             }),
             DownloadStage::Ongoing => {
                 let left = d.bytes_total.saturating_sub(d.bytes_done) as f64;
@@ -172,7 +172,7 @@ impl Manager {
                         eta_ms,
                         files: BTreeMap::new(),
                     },
-                    extra: BTreeMap::new(),
+                    extra: Default::default(),
                 })
             }
             DownloadStage::Completed => DownloadProgress::Completed(DownloadCompleted {
@@ -182,7 +182,7 @@ impl Manager {
                 attempt_id: attempt,
                 total,
                 read_only: false,
-                extra: BTreeMap::new(),
+                extra: Default::default(),
             }),
             DownloadStage::Failed { reason } => DownloadProgress::Failed(DownloadFailed {
                 node_id: node.clone(),
@@ -190,7 +190,7 @@ impl Manager {
                 model_directory: d.directory.clone(),
                 attempt_id: attempt,
                 error_message: reason.clone(),
-                extra: BTreeMap::new(),
+                extra: Default::default(),
             }),
         }
     }
@@ -205,13 +205,13 @@ fn runner_status(report: &RunnerReport) -> RunnerStatus {
         } => RunnerStatus::Loading(RunnerLoading {
             layers_loaded: *layers_loaded,
             total_layers: *total_layers,
-            extra: BTreeMap::new(),
+            extra: Default::default(),
         }),
         RunnerStage::Ready => RunnerStatus::Ready(NoFields::default()),
         RunnerStage::Running => RunnerStatus::Running(NoFields::default()),
         RunnerStage::Failed { message, .. } => RunnerStatus::Failed(RunnerFailed {
             error_message: Some(message.clone()),
-            extra: BTreeMap::new(),
+            extra: Default::default(),
         }),
         RunnerStage::ShuttingDown => RunnerStatus::ShuttingDown(NoFields::default()),
     }
@@ -245,9 +245,9 @@ fn node_pool(view: &WorkerView) -> NodePool {
                 pages: pool.pages,
                 page_bytes: pool.page_bytes,
                 context_tokens: pool.context_tokens,
-                extra: BTreeMap::new(),
+                extra: Default::default(),
             })
         }),
-        extra: BTreeMap::new(),
+        extra: Default::default(),
     }
 }

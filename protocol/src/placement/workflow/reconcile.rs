@@ -1,7 +1,5 @@
 //! Reconciliation after submission, the probe, and the outcome at the deadline.
 
-use std::collections::BTreeMap;
-
 use super::{Answer, PlacementWorkflow, Step, bound, management};
 use crate::evidence::{
     Expectation, Input as EvidenceInput, PollFailure, PollFailureKind, PollResult, Presence,
@@ -211,7 +209,7 @@ impl PlacementWorkflow {
             messages: vec![ChatMessage::user(&self.config.probe_prompt)],
             max_tokens: Some(self.config.probe_max_tokens),
             stream: false,
-            extra: BTreeMap::new(),
+            extra: Default::default(),
         };
         // den's router serves the probe on exactly this instance (`den_instance`); other
         // servers ignore the parameter, and `served_by` (or its absence) still decides
