@@ -196,6 +196,10 @@ pub async fn status(
         Ok(g) => g,
         Err(e) => {
             eprintln!("den status: {e}");
+            if json {
+                // `--json` always prints one JSON document, so a script can parse it.
+                print_line(&serde_json::json!({ "complete": false, "error": e }).to_string());
+            }
             return ExitCode::from(1);
         }
     };
@@ -205,6 +209,9 @@ pub async fn status(
             "den status: no source answered: {}",
             printable(&join_problems(&gathered.problems))
         );
+        if json {
+            print_line(&snapshot_json(&gathered, false));
+        }
         return ExitCode::from(1);
     }
     let complete = code == 0;
@@ -213,12 +220,7 @@ pub async fn status(
     } else {
         snapshot_text(&gathered)
     };
-    // JSON escapes control characters itself; text is stripped of them (names and
-    // messages come from the network). A closed pipe (`| head`) is not worth a panic.
-    {
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stdout().lock(), "{}", printable_lines(&out));
-    }
+    print_line(&out);
     if !complete {
         eprintln!(
             "den status: partial: {}",
@@ -246,6 +248,14 @@ fn join_problems(problems: &BTreeMap<SourceId, String>) -> String {
 }
 
 /// The snapshot as JSON (the same rows the console draws).
+/// One document on stdout. JSON escapes control characters itself; text is stripped of
+/// them (names and messages come from the network). A closed pipe (`| head`) is not
+/// worth a panic.
+fn print_line(out: &str) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stdout().lock(), "{}", printable_lines(out));
+}
+
 pub fn snapshot_json(g: &Gathered, complete: bool) -> String {
     let v = g.model.views();
     let mut routes: Vec<&RouteRow> = g.model.routes().iter().collect();

@@ -80,3 +80,48 @@ fn status_json_reads_den_demo() {
         assert!(text.contains(w), "{w} missing from {json:#}");
     }
 }
+
+/// `den status --json` prints one JSON document even when it has nothing to show: with
+/// no source configured (`error` says which flag to pass) and when no source answers
+/// (the empty snapshot with each source's problem), both exit 1.
+#[test]
+fn status_json_is_a_document_when_nothing_answers() {
+    let den = binary("den").expect("the den binary (cargo build --workspace builds it)");
+    let home = tempfile::tempdir().expect("temp dir");
+    let run = |args: &[&str]| {
+        let out = Command::new(&den)
+            .args(["--no-record"])
+            .args(args)
+            .env_remove("DEN_ROUTER")
+            .env_remove("DEN_SKULK")
+            .env_remove("DEN_CONFIG")
+            .env("XDG_CONFIG_HOME", home.path())
+            .output()
+            .expect("run den status");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let json: Value = serde_json::from_str(&stdout)
+            .unwrap_or_else(|e| panic!("no JSON document ({e}): {stdout:?}"));
+        (out.status.code(), json)
+    };
+    let (code, json) = run(&["status", "--json"]);
+    assert_eq!(code, Some(1));
+    assert_eq!(json["complete"], false);
+    assert!(
+        json["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("--router")),
+        "{json}"
+    );
+    let (code, json) = run(&[
+        "--router",
+        "http://127.0.0.1:1",
+        "status",
+        "--json",
+        "--timeout",
+        "2",
+    ]);
+    assert_eq!(code, Some(1));
+    assert_eq!(json["complete"], false);
+    let problem = json["problems"]["router"].as_str().unwrap_or_default();
+    assert!(problem.contains("could not connect"), "{json}");
+}
