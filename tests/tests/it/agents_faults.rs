@@ -31,12 +31,12 @@ async fn restore_setup(router_args: &[&str], tokens: &[u32]) -> (Router, Worker,
         ("completed", "w-a")
     );
     a.wait_idle().await;
-    // w-b prefills 5× slower, so w-a's RAM restore wins by ~16 ms, not by the ~1 ms of
-    // object reads between two equal workers — a margin w-a's measured prefill cost,
-    // inflated on a loaded machine, used to erase (w-b was then chosen first and w-a
-    // never saw the request). After the fault w-b restores from objects and prefills
-    // one token.
-    let mut b_args: Vec<&str> = vec!["--prefill-ms-per-token", "20"];
+    // w-b prefills 50× slower, so w-a's RAM restore wins by hundreds of ms, not by the
+    // ~1 ms of object reads between two equal workers: w-a's *measured* costs (prefill,
+    // upload), inflated on a loaded machine, are compared with w-b's declared ones, and
+    // that margin was erased (w-b was chosen first and w-a never saw the request). After
+    // the fault w-b restores from objects and prefills the few tokens after the chunks.
+    let mut b_args: Vec<&str> = vec!["--prefill-ms-per-token", "200"];
     b_args.extend(args.iter().copied().skip(2));
     let b = start_worker(&router, "w-b", true, &b_args);
     router.wait_workers(&["w-a", "w-b"]).await;
@@ -53,6 +53,22 @@ async fn restore_setup(router_args: &[&str], tokens: &[u32]) -> (Router, Worker,
     (router, a, b)
 }
 
+/// Waits until `w` holds one assignment; on timeout the failure shows the router's
+/// decision record for `request` (which worker got it, and why).
+async fn wait_accepted(router: &Router, w: &Worker, request: &str) {
+    let t0 = std::time::Instant::now();
+    while w.status().await["assignments"] != 1 {
+        if t0.elapsed() > Duration::from_secs(10) {
+            panic!(
+                "{} did not accept {request} within 10 s; the router's record: {}",
+                w.name,
+                router.record(request).await
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_worker_killed_mid_restore_request_completes_on_the_other_worker() {
     let tokens = prompt(3, 100);
@@ -60,12 +76,7 @@ async fn agents_worker_killed_mid_restore_request_completes_on_the_other_worker(
     a.fault("/fault/restore-delay?ms=2000").await;
 
     let mut s = router.stream(body("k1", &tokens, 4)).await;
-    wait_for(
-        "w-a to accept the restore",
-        Duration::from_secs(10),
-        || async { (a.status().await["assignments"] == 1).then_some(()) },
-    )
-    .await;
+    wait_accepted(&router, &a, "k1").await;
     a.proc.signal("KILL");
     a.proc.wait_exit(Duration::from_secs(10));
 
@@ -98,12 +109,7 @@ async fn agents_worker_paused_mid_restore_its_late_result_is_ignored() {
     a.fault("/fault/restore-delay?ms=300").await;
 
     let mut s = router.stream(body("p1", &tokens, 4)).await;
-    wait_for(
-        "w-a to accept the restore",
-        Duration::from_secs(10),
-        || async { (a.status().await["assignments"] == 1).then_some(()) },
-    )
-    .await;
+    wait_accepted(&router, &a, "p1").await;
     a.proc.signal("STOP");
     // Heartbeats stop; after the timeout the router detaches w-a and moves the request.
     while s.next_line().await.is_some() {}
