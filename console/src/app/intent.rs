@@ -49,7 +49,9 @@ impl Expiry {
 impl fmt::Display for Expiry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Expiry::In(d) => write!(f, "{}s", d.as_secs()),
+            // Milliseconds unless whole seconds: `--expires 500ms` must not read back as 0s.
+            Expiry::In(d) if d.subsec_millis() == 0 => write!(f, "{}s", d.as_secs()),
+            Expiry::In(d) => write!(f, "{}ms", d.as_millis()),
             Expiry::AtUnixMs(t) => write!(f, "@{}", t / 1000),
         }
     }
@@ -294,6 +296,10 @@ mod tests {
             assert!(!e.contains('\n'), "{e}");
         }
         assert_eq!(Expiry::In(Duration::from_secs(60)).unix_ms(1_000), 61_000);
+        for d in ["500ms", "90s", "1500ms"] {
+            let e = parse_expiry(d).unwrap();
+            assert_eq!(parse_expiry(&e.to_string()), Ok(e), "{d} reads back as {e}");
+        }
     }
 
     #[test]

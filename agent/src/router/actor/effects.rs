@@ -2,7 +2,6 @@
 //! back), timers, deliveries to clients, metrics and logs, the console feed and the
 //! management API's view of workers.
 
-use den_protocol::discovery::Observed;
 use den_protocol::router_node::Count;
 
 use super::*;
@@ -159,10 +158,7 @@ impl RouterActor {
                 worker,
                 version,
                 why,
-            } => {
-                let why: Observed = why;
-                tracing::debug!(%worker, %version, ?why, "heartbeat ignored");
-            }
+            } => tracing::debug!(%worker, %version, ?why, "heartbeat ignored"),
             Count::Fenced(kind) => m.counter_add(
                 "den_router_fenced_total",
                 "Worker messages ignored as late, duplicate or not for the current attempt.",

@@ -113,8 +113,8 @@ pub enum Command {
     Manage(crate::router::manage::Request),
 }
 
+/// A connection's outbound queue (which worker said hello on it is the node's: `peer`).
 struct ConnInfo {
-    worker: WorkerId,
     outbound: mpsc::Sender<Outbound>,
 }
 
@@ -314,21 +314,16 @@ impl RouterActor {
                 outbound,
             } => {
                 tracing::info!(%worker, %node, conn = conn.0, "worker connected");
-                self.conns.insert(
-                    conn,
-                    ConnInfo {
-                        worker: worker.clone(),
-                        outbound,
-                    },
-                );
+                self.conns.insert(conn, ConnInfo { outbound });
                 self.drive(NodeInput::Connected { conn, worker, node });
             }
             Command::Frame { conn, frame } => self.drive(NodeInput::Frame { conn, frame }),
             Command::Disconnected { conn } => {
-                self.drive(NodeInput::Disconnected { conn });
-                if let Some(info) = self.conns.remove(&conn) {
-                    tracing::info!(worker = %info.worker, conn = conn.0, "worker connection closed");
+                if let Some((worker, _)) = self.node.peer(conn) {
+                    tracing::info!(%worker, conn = conn.0, "worker connection closed");
                 }
+                self.drive(NodeInput::Disconnected { conn });
+                self.conns.remove(&conn);
             }
             Command::Drain {
                 worker,
