@@ -141,6 +141,13 @@ pub struct RouterArgs {
     /// A connection with no byte in either direction for this long is closed [default: 5m].
     #[arg(long, env = "DEN_IDLE_TIMEOUT", value_name = "DURATION", value_parser = parse_duration)]
     pub idle_timeout: Option<Duration>,
+    /// Serve https and wss with this PEM certificate chain (leaf first); needs --tls-key
+    /// [default: plain http].
+    #[arg(long, env = "DEN_TLS_CERT", value_name = "PATH", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, env = "DEN_TLS_KEY", value_name = "PATH", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
 }
 
 /// Options of `den-agent worker`.
@@ -155,6 +162,10 @@ pub struct WorkerArgs {
     /// Read the shared token from this file's first line instead (keeps it out of argv).
     #[arg(long, env = "DEN_TOKEN_FILE", value_name = "PATH")]
     pub token_file: Option<PathBuf>,
+    /// Trust this PEM CA certificate, besides the system's roots, when verifying a
+    /// wss:// or https:// router (a private CA, or the router's self-signed certificate).
+    #[arg(long, env = "DEN_CA_CERT", value_name = "PATH")]
+    pub ca_cert: Option<PathBuf>,
     /// This worker's stable name [default: the host name].
     #[arg(long, env = "DEN_NAME", value_name = "NAME")]
     pub name: Option<String>,
@@ -349,6 +360,8 @@ pub struct RouterFile {
     pub max_connections_per_peer: Option<usize>,
     pub header_timeout: Option<String>,
     pub idle_timeout: Option<String>,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -357,6 +370,7 @@ pub struct WorkerFile {
     pub router: Option<String>,
     pub token: Option<String>,
     pub token_file: Option<PathBuf>,
+    pub ca_cert: Option<PathBuf>,
     pub name: Option<String>,
     pub node: Option<String>,
     pub backend: Option<Backend>,
@@ -505,6 +519,19 @@ pub fn router_options(
                     .idle_timeout
                     .or(dur(&f.idle_timeout, "router.idle_timeout")?)
                     .unwrap_or(l.idle_timeout),
+            }
+        },
+        tls: match (
+            a.tls_cert.as_ref().or(f.tls_cert.as_ref()),
+            a.tls_key.as_ref().or(f.tls_key.as_ref()),
+        ) {
+            (Some(cert), Some(key)) => Some(crate::tls::server_config(cert, key)?),
+            (None, None) => None,
+            (Some(_), None) => {
+                return Err("--tls-cert needs --tls-key (the certificate's private key)".into());
+            }
+            (None, Some(_)) => {
+                return Err("--tls-key needs --tls-cert (the certificate chain)".into());
             }
         },
     };

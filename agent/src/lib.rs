@@ -20,5 +20,6 @@ pub mod router;
 pub mod serving;
 pub mod systemd;
 pub mod tiers;
+pub mod tls;
 pub mod worker;
 pub mod workload;

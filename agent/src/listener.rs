@@ -15,6 +15,11 @@
 //!
 //! `TCP_NODELAY` is set on every accepted socket (small SSE and NDJSON writes must not
 //! wait for the peer's delayed ACK).
+//!
+//! With TLS ([`GuardedListener::with_tls`]) the handshake runs inside the stream, on the
+//! connection's own task, on its first read or write: a slow or silent TLS client is held
+//! to the same header deadline (the handshake is part of getting the headers), the accept
+//! loop never waits on one peer, and the header scan sees the decrypted bytes.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -28,6 +33,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Sleep;
+use tokio_rustls::TlsAcceptor;
 
 /// What one listener admits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,6 +68,7 @@ pub struct GuardedListener {
     counts: Arc<Mutex<Counts>>,
     refused: Arc<std::sync::atomic::AtomicU64>,
     last_warning: Option<Instant>,
+    tls: Option<TlsAcceptor>,
 }
 
 impl GuardedListener {
@@ -72,7 +79,16 @@ impl GuardedListener {
             counts: Arc::default(),
             refused: Arc::default(),
             last_warning: None,
+            tls: None,
         }
+    }
+
+    /// Serves TLS with `config` on every connection (https and wss), or plain TCP with
+    /// `None`. A peer that speaks plain HTTP to a TLS listener fails its handshake and is
+    /// closed.
+    pub fn with_tls(mut self, config: Option<Arc<rustls::ServerConfig>>) -> Self {
+        self.tls = config.map(TlsAcceptor::from);
+        self
     }
 
     /// Connections refused so far (over a cap), shared for metrics.
@@ -113,7 +129,11 @@ impl axum::serve::Listener for GuardedListener {
             match self.admit(addr.ip()) {
                 Some(permit) => {
                     let _ = stream.set_nodelay(true);
-                    return (GuardedStream::new(stream, permit, self.limits), addr);
+                    let conn = match &self.tls {
+                        Some(acceptor) => Conn::Handshake(Box::new(acceptor.accept(stream))),
+                        None => Conn::Plain(stream),
+                    };
+                    return (GuardedStream::new(conn, permit, self.limits), addr);
                 }
                 None => {
                     self.refused
@@ -161,9 +181,46 @@ impl Drop for Permit {
     }
 }
 
+/// The bytes under a [`GuardedStream`]: plain TCP, or TLS before and after its handshake.
+enum Conn {
+    Plain(TcpStream),
+    Handshake(Box<tokio_rustls::Accept<TcpStream>>),
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+    /// The handshake failed; every later read or write fails too.
+    Failed,
+}
+
+/// What a [`Conn`] reads and writes once ready.
+trait Io: AsyncRead + AsyncWrite + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Unpin> Io for T {}
+
+impl Conn {
+    /// The stream to read or write, once a pending handshake is done.
+    fn ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<&mut dyn Io>> {
+        if let Conn::Handshake(accept) = self {
+            match Pin::new(accept.as_mut()).poll(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Ok(tls)) => *self = Conn::Tls(Box::new(tls)),
+                Poll::Ready(Err(e)) => {
+                    *self = Conn::Failed;
+                    return Poll::Ready(Err(e));
+                }
+            }
+        }
+        match self {
+            Conn::Plain(s) => Poll::Ready(Ok(s)),
+            Conn::Tls(s) => Poll::Ready(Ok(s.as_mut())),
+            Conn::Handshake(_) | Conn::Failed => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "the TLS handshake failed",
+            ))),
+        }
+    }
+}
+
 /// A connection with its deadline: the headers' until they are read, then the idle one.
 pub struct GuardedStream {
-    inner: TcpStream,
+    inner: Conn,
     _permit: Permit,
     deadline: Pin<Box<Sleep>>,
     idle: Duration,
@@ -174,7 +231,7 @@ pub struct GuardedStream {
 const HEADER_END: &[u8] = b"\r\n\r\n";
 
 impl GuardedStream {
-    fn new(inner: TcpStream, permit: Permit, limits: Limits) -> Self {
+    fn new(inner: Conn, permit: Permit, limits: Limits) -> Self {
         GuardedStream {
             inner,
             _permit: permit,
@@ -235,7 +292,12 @@ impl AsyncRead for GuardedStream {
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         let before = buf.filled().len();
-        match Pin::new(&mut this.inner).poll_read(cx, buf) {
+        let polled = match this.inner.ready(cx) {
+            Poll::Ready(Ok(io)) => Pin::new(io).poll_read(cx, buf),
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => Poll::Pending,
+        };
+        match polled {
             Poll::Ready(Ok(())) => {
                 if buf.filled().len() > before {
                     this.scan(&buf.filled()[before..]);
@@ -281,7 +343,11 @@ impl AsyncWrite for GuardedStream {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        let r = Pin::new(&mut this.inner).poll_write(cx, buf);
+        let r = match this.inner.ready(cx) {
+            Poll::Ready(Ok(io)) => Pin::new(io).poll_write(cx, buf),
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => Poll::Pending,
+        };
         this.wrote(cx, r)
     }
 
@@ -291,20 +357,36 @@ impl AsyncWrite for GuardedStream {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        let r = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        let r = match this.inner.ready(cx) {
+            Poll::Ready(Ok(io)) => Pin::new(io).poll_write_vectored(cx, bufs),
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => Poll::Pending,
+        };
         this.wrote(cx, r)
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
+        match &self.inner {
+            Conn::Plain(s) => s.is_write_vectored(),
+            Conn::Tls(s) => s.is_write_vectored(),
+            Conn::Handshake(_) | Conn::Failed => false,
+        }
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+        match &mut self.get_mut().inner {
+            Conn::Plain(s) => Pin::new(s).poll_flush(cx),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+            Conn::Handshake(_) | Conn::Failed => Poll::Ready(Ok(())),
+        }
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+        match &mut self.get_mut().inner {
+            Conn::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Conn::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+            Conn::Handshake(_) | Conn::Failed => Poll::Ready(Ok(())),
+        }
     }
 }
 

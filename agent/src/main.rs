@@ -2,7 +2,7 @@
 //! `den_agent::cli` for the options and their layering).
 //!
 //! Machine-readable lines on stdout (everything else is logged to stderr):
-//! - `den-agent router listening on http://ADDR`
+//! - `den-agent router listening on http://ADDR` (https with `--tls-cert`)
 //! - `den-agent worker metrics on http://ADDR` (with `--metrics-listen`)
 //! - `den-agent worker fault-admin on http://ADDR` (with `--fault-admin`)
 
@@ -62,7 +62,8 @@ async fn router(args: &cli::RouterArgs, file: &FileConfig) -> ExitCode {
         Err(e) => return fail(1, &format!("cannot listen on {listen}: {e}")),
     };
     let addr = listener.local_addr().unwrap_or(listen);
-    say(&format!("den-agent router listening on http://{addr}"));
+    let scheme = if opts.tls.is_some() { "https" } else { "http" };
+    say(&format!("den-agent router listening on {scheme}://{addr}"));
     tracing::info!(
         %addr,
         chunk_size = opts.chunk_size,
@@ -96,6 +97,12 @@ async fn run_worker(args: &cli::WorkerArgs, file: &FileConfig) -> ExitCode {
         Ok(o) => o,
         Err(e) => return fail(2, &e),
     };
+    // Before the first connection: every client of this process trusts the same roots.
+    if let Some(ca) = args.ca_cert.as_ref().or(file.worker.ca_cert.as_ref())
+        && let Err(e) = den_agent::tls::trust_also(ca)
+    {
+        return fail(2, &format!("--ca-cert: {e}"));
+    }
     let running = match worker::start(opts).await {
         Ok(w) => w,
         Err(e) => return fail(1, &e.to_string()),

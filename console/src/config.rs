@@ -54,6 +54,10 @@ pub struct CommonArgs {
     /// shell history).
     #[arg(long, env = "DEN_TOKEN_FILE", value_name = "PATH", global = true)]
     pub token_file: Option<PathBuf>,
+    /// Trust this PEM CA certificate, besides the system's roots, for https:// sources (a
+    /// private CA, or a router's self-signed certificate).
+    #[arg(long, env = "DEN_CA_CERT", value_name = "PATH", global = true)]
+    pub ca_cert: Option<PathBuf>,
     /// Colour theme: dark (default), light, high-contrast, a name under
     /// $XDG_CONFIG_HOME/den/themes, or a path to a .toml file.
     #[arg(long, env = "DEN_THEME", value_name = "NAME", global = true)]
@@ -210,6 +214,7 @@ pub struct FileConfig {
     pub skulk: Vec<String>,
     pub token: Option<String>,
     pub token_file: Option<PathBuf>,
+    pub ca_cert: Option<PathBuf>,
     pub theme: Option<String>,
     #[serde(default)]
     pub read_only: bool,
@@ -232,6 +237,8 @@ pub enum ConfigError {
     DuplicateName(String),
     #[error("{0}")]
     Token(String),
+    #[error("--ca-cert: {0}")]
+    CaCert(String),
 }
 
 /// One configured source.
@@ -248,6 +255,9 @@ pub struct SourceSpec {
 pub struct Settings {
     pub sources: Vec<SourceSpec>,
     pub token: Option<String>,
+    /// `--ca-cert`: trusted by every client of the process ([`den_agent::tls::trust_also`],
+    /// called by `main` before the first connection).
+    pub ca_cert: Option<PathBuf>,
     pub theme: String,
     pub read_only: bool,
     /// `--record PATH` or the config file's `record`.
@@ -265,6 +275,7 @@ impl std::fmt::Debug for Settings {
         f.debug_struct("Settings")
             .field("sources", &self.sources)
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("ca_cert", &self.ca_cert)
             .field("theme", &self.theme)
             .field("read_only", &self.read_only)
             .field("record", &self.record)
@@ -360,6 +371,7 @@ pub fn resolve(args: &CommonArgs, file: FileConfig) -> Result<Settings, ConfigEr
         )
         .map_err(ConfigError::Token)?
         .map(|t| t.expose().to_owned()),
+        ca_cert: args.ca_cert.clone().or(file.ca_cert),
         theme: args
             .theme
             .clone()

@@ -77,6 +77,8 @@ impl ManagementClient {
         }
         install_crypto_provider();
         let client = reqwest::Client::builder()
+            // The system's roots plus --ca-cert's (den_agent::tls::trust_also).
+            .tls_certs_merge(den_agent::tls::reqwest_roots())
             .redirect(reqwest::redirect::Policy::none())
             // A proxy is another origin: the bearer token must never travel through one.
             .no_proxy()
@@ -218,7 +220,7 @@ fn transport_failure(origin: &str, e: &reqwest::Error) -> TransportFailure {
     };
     TransportFailure {
         sent,
-        detail: format!("{origin}: {what} ({})", one_line(e)),
+        detail: den_agent::tls::explain_trust(format!("{origin}: {what} ({})", one_line(e))),
     }
 }
 

@@ -24,6 +24,13 @@ fn main() -> ExitCode {
         }
     };
     den_console::http::install_crypto_provider();
+    // Before the first connection: every client of this process trusts the same roots.
+    if let Some(ca) = &settings.ca_cert
+        && let Err(e) = den_agent::tls::trust_also(ca)
+    {
+        eprintln!("den: --ca-cert: {e}");
+        return ExitCode::from(1);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

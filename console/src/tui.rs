@@ -361,6 +361,7 @@ mod tests {
         Settings {
             sources: Vec::new(),
             token: Some("t0ken-value".into()),
+            ca_cert: None,
             theme: "dark".into(),
             read_only: false,
             record: record.map(Path::to_path_buf),

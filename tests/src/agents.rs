@@ -173,6 +173,8 @@ pub struct Router {
     pub url: String,
     pub token: Option<String>,
     pub dir: tempfile::TempDir,
+    /// The CA certificate (PEM) its https certificate is signed with, when it serves TLS.
+    pub ca: Option<PathBuf>,
 }
 
 /// A worker process.
@@ -209,7 +211,37 @@ pub fn start_router_at(listen: &str, token: Option<&str>, extra: &[&str]) -> Rou
         url,
         token: token.map(str::to_owned),
         dir,
+        ca: None,
     }
+}
+
+/// A self-signed certificate for 127.0.0.1 and localhost, and its key, as PEM files in
+/// `dir`: `(cert.pem, key.pem)`. The certificate is its own CA (`--ca-cert cert.pem`).
+pub fn self_signed_cert(dir: &Path, stem: &str) -> (PathBuf, PathBuf) {
+    let names = vec!["127.0.0.1".to_owned(), "localhost".to_owned()];
+    let issued = rcgen::generate_simple_self_signed(names).expect("self-signed certificate");
+    let cert = dir.join(format!("{stem}-cert.pem"));
+    let key = dir.join(format!("{stem}-key.pem"));
+    std::fs::write(&cert, issued.cert.pem()).expect("write cert");
+    std::fs::write(&key, issued.signing_key.serialize_pem()).expect("write key");
+    (cert, key)
+}
+
+/// Start a router serving https and wss with a fresh self-signed certificate; its
+/// `ca` is that certificate, and the [`Router`] helpers trust it.
+pub fn start_tls_router(token: Option<&str>, extra: &[&str]) -> Router {
+    let certs = tempfile::tempdir().expect("temp dir");
+    let (cert, key) = self_signed_cert(certs.path(), "router");
+    let (cert_s, key_s) = (cert.display().to_string(), key.display().to_string());
+    let mut args = vec!["--tls-cert", cert_s.as_str(), "--tls-key", key_s.as_str()];
+    args.extend_from_slice(extra);
+    let mut router = start_router(token, &args);
+    assert!(router.url.starts_with("https://"), "{}", router.url);
+    // Keep the files for the router's lifetime: move them into its directory.
+    let ca = router.dir.path().join("router-ca.pem");
+    std::fs::copy(&cert, &ca).expect("copy CA");
+    router.ca = Some(ca);
+    router
 }
 
 /// Worker arguments every test uses unless it overrides them: small pages and rows,
@@ -266,6 +298,9 @@ pub fn start_worker_env(
     if let Some(t) = &router.token {
         args.extend(["--token".into(), t.clone()]);
     }
+    if let Some(ca) = &router.ca {
+        args.extend(["--ca-cert".into(), ca.display().to_string()]);
+    }
     args.extend(BASE_WORKER_ARGS.iter().map(|s| s.to_string()));
     if fault {
         args.extend(["--fault-admin".into(), "127.0.0.1:0".into()]);
@@ -286,11 +321,18 @@ pub fn start_worker_env(
 
 /// An HTTP client (the rustls provider installed once).
 pub fn client() -> reqwest::Client {
+    client_trusting(None)
+}
+
+/// An HTTP client that also trusts the PEM CA certificate `ca`.
+pub fn client_trusting(ca: Option<&Path>) -> reqwest::Client {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(60))
-        .build()
-        .expect("http client")
+    let mut b = reqwest::Client::builder().timeout(Duration::from_secs(60));
+    if let Some(ca) = ca {
+        let pem = std::fs::read(ca).expect("read CA");
+        b = b.tls_certs_merge(reqwest::Certificate::from_pem_bundle(&pem).expect("CA PEM"));
+    }
+    b.build().expect("http client")
 }
 
 fn authed(req: reqwest::RequestBuilder, router: &Router) -> reqwest::RequestBuilder {
@@ -320,9 +362,14 @@ where
 }
 
 impl Router {
+    /// An HTTP client for this router (trusting its CA when it serves TLS).
+    pub fn http(&self) -> reqwest::Client {
+        client_trusting(self.ca.as_deref())
+    }
+
     /// `GET /v1/workers`.
     pub async fn workers(&self) -> Vec<Value> {
-        let resp = authed(client().get(format!("{}/v1/workers", self.url)), self)
+        let resp = authed(self.http().get(format!("{}/v1/workers", self.url)), self)
             .send()
             .await
             .expect("GET /v1/workers");
@@ -351,15 +398,18 @@ impl Router {
 
     /// `GET /v1/requests/{id}` (the decision record).
     pub async fn record(&self, id: &str) -> Value {
-        let resp = authed(client().get(format!("{}/v1/requests/{id}", self.url)), self)
-            .send()
-            .await
-            .expect("GET record");
+        let resp = authed(
+            self.http().get(format!("{}/v1/requests/{id}", self.url)),
+            self,
+        )
+        .send()
+        .await
+        .expect("GET record");
         resp.json().await.expect("record JSON")
     }
 
     pub async fn metrics(&self) -> String {
-        client()
+        self.http()
             .get(format!("{}/metrics", self.url))
             .send()
             .await
@@ -370,7 +420,7 @@ impl Router {
     }
 
     pub async fn post(&self, path: &str) -> reqwest::Response {
-        authed(client().post(format!("{}{path}", self.url)), self)
+        authed(self.http().post(format!("{}{path}", self.url)), self)
             .send()
             .await
             .expect("POST")
@@ -387,7 +437,7 @@ impl Router {
     /// Start a streaming generation.
     pub async fn stream(&self, body: Value) -> GenerationStream {
         let t0 = Instant::now();
-        let resp = authed(client().post(format!("{}/v1/generate", self.url)), self)
+        let resp = authed(self.http().post(format!("{}/v1/generate", self.url)), self)
             .json(&body)
             .send()
             .await

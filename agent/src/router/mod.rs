@@ -89,6 +89,8 @@ pub struct RouterOptions {
     pub text_models: Arc<crate::ingress::TextModels>,
     /// Connections the listener admits and how long they may stay silent.
     pub limits: crate::listener::Limits,
+    /// TLS for https and wss (`--tls-cert`, `--tls-key`); plain HTTP when `None`.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 impl Default for RouterOptions {
@@ -111,6 +113,7 @@ impl Default for RouterOptions {
             catalog_cache: manage::gguf_cards::default_cache(),
             text_models: Arc::new(crate::ingress::TextModels::new()),
             limits: crate::listener::Limits::default(),
+            tls: None,
         }
     }
 }
@@ -451,7 +454,8 @@ impl RouterServer {
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
         // Bounded connections, header and idle deadlines, and TCP_NODELAY (small SSE
         // and NDJSON writes must not wait for the peer's delayed ACK).
-        let listener = crate::listener::GuardedListener::new(listener, handle.shared.opts.limits);
+        let listener = crate::listener::GuardedListener::new(listener, handle.shared.opts.limits)
+            .with_tls(handle.shared.opts.tls.clone());
         let server = axum::serve(listener, app).with_graceful_shutdown(async {
             let _ = stop_rx.await;
         });

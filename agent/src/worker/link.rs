@@ -144,7 +144,9 @@ async fn session(
     let config = WebSocketConfig::default()
         .max_message_size(Some(opts.max_frame))
         .max_frame_size(Some(opts.max_frame));
-    let connect = tokio_tungstenite::connect_async_with_config(request, Some(config), true);
+    let connector = crate::tls::ws_connector(opts.url.as_str())?;
+    let connect =
+        tokio_tungstenite::connect_async_tls_with_config(request, Some(config), true, connector);
     let (ws, _) = match tokio::time::timeout(HANDSHAKE_TIMEOUT, connect).await {
         Err(_) => return Err("timed out".into()),
         Ok(Err(WsError::Http(response))) => {
@@ -158,7 +160,7 @@ async fn session(
                 response.status()
             ));
         }
-        Ok(Err(e)) => return Err(e.to_string()),
+        Ok(Err(e)) => return Err(crate::tls::explain_ws_error(&e)),
         Ok(Ok(ws)) => ws,
     };
     let (mut sink, mut stream) = ws.split();

@@ -110,9 +110,6 @@ type Socket =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
 async fn connect(url: &str, token: Option<&str>, timeout: Duration) -> Result<Socket, String> {
-    if url.starts_with("wss:") {
-        return Err("TLS feeds (https routers) are not supported by this build: use http on a trusted network or a tunnel".to_owned());
-    }
     let mut request = url
         .into_client_request()
         .map_err(|e| format!("invalid feed URL {url}: {e}"))?;
@@ -124,10 +121,16 @@ async fn connect(url: &str, token: Option<&str>, timeout: Duration) -> Result<So
     let config = WebSocketConfig::default()
         .max_message_size(Some(MAX_FEED_FRAME))
         .max_frame_size(Some(MAX_FEED_FRAME));
-    let connecting = tokio_tungstenite::connect_async_with_config(request, Some(config), true);
+    let connector = den_agent::tls::ws_connector(url)?;
+    let connecting =
+        tokio_tungstenite::connect_async_tls_with_config(request, Some(config), true, connector);
     match tokio::time::timeout(timeout, connecting).await {
         Err(_) => Err(format!("{}: timed out connecting", redact(url))),
-        Ok(Err(e)) => Err(format!("{}: {}", redact(url), one_line(&e.to_string()))),
+        Ok(Err(e)) => Err(format!(
+            "{}: {}",
+            redact(url),
+            one_line(&den_agent::tls::explain_ws_error(&e))
+        )),
         Ok(Ok((ws, _response))) => Ok(ws),
     }
 }

@@ -148,6 +148,7 @@ pub fn settings(sources: Vec<SourceSpec>, token: Option<&str>) -> Settings {
     Settings {
         sources,
         token: token.map(str::to_owned),
+        ca_cert: None,
         theme: "dark".into(),
         read_only: false,
         record: None,

@@ -612,6 +612,7 @@ async fn bench_real_restore_ttft() {
         url,
         token: None,
         dir: tempfile::tempdir().unwrap(),
+        ca: None,
     };
     let objects = format!("file://{}/objects", dir.path().display());
     let tiers: [(&str, Vec<&str>); 3] = [

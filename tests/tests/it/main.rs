@@ -14,6 +14,7 @@ mod agents_real_model;
 mod agents_reconnect;
 mod agents_s3;
 mod agents_serving;
+mod agents_tls;
 mod console_status;
 mod console_tmux;
 mod manage_api;

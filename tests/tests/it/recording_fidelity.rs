@@ -43,6 +43,7 @@ fn settings(router: &str, skulk: &str, record: &Path) -> Settings {
             },
         ],
         token: None,
+        ca_cert: None,
         theme: "dark".into(),
         read_only: false,
         record: Some(record.to_path_buf()),

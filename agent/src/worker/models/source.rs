@@ -75,6 +75,7 @@ impl Source {
                     .pop_if_empty()
                     .extend(path.split('/'));
                 let client = reqwest::Client::builder()
+                    .tls_certs_merge(crate::tls::reqwest_roots())
                     .connect_timeout(CONNECT_TIMEOUT)
                     .read_timeout(READ_TIMEOUT)
                     .build()
