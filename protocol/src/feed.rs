@@ -91,8 +91,8 @@ pub fn decode(bytes: &[u8], max_frame: usize) -> Result<FeedMessage, FeedError> 
             limit: max_frame,
         });
     }
-    let msg: FeedMessage =
-        serde_json::from_slice(bytes).map_err(|e| FeedError::Malformed(e.to_string()))?;
+    let msg: FeedMessage = serde_json::from_slice(bytes)
+        .map_err(|e| FeedError::Malformed(crate::text::one_line(&e.to_string())))?;
     if let FeedMessage::Hello { feed_version, .. } = &msg
         && *feed_version != FEED_VERSION
     {

@@ -22,6 +22,19 @@ pub fn printable_lines(s: &str) -> Cow<'_, str> {
     clean(s, true)
 }
 
+/// `s` as one short message line: [`printable`], with every run of whitespace (line
+/// breaks included) made one space, trimmed. For error details that quote peer input.
+pub fn one_line(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for word in printable(s).split_whitespace() {
+        if !out.is_empty() {
+            out.push(' ');
+        }
+        out.push_str(word);
+    }
+    out
+}
+
 fn is_unsafe(c: char) -> bool {
     c.is_control() || matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
 }

@@ -25,31 +25,12 @@ use crate::serving::ServedModel;
 
 pub(super) async fn tokenize(State(ingress): State<Arc<Ingress>>, request: Request) -> Response {
     answer(&ingress, "tokenize", request, |text, model, obj| {
-        let tokens = if obj.contains_key("messages") {
-            let add_generation_prompt = match obj.get("add_generation_prompt") {
-                None | Some(Value::Null) => true,
-                Some(Value::Bool(b)) => *b,
-                Some(_) => return Err(invalid("add_generation_prompt", "a boolean")),
-            };
-            if !add_generation_prompt {
-                return Err(ApiError::invalid(
-                    "add_generation_prompt",
-                    "unsupported_value",
-                    "`add_generation_prompt` false is not supported: den tokenizes chats as it submits them",
-                ));
-            }
-            let chat = parse::chat(&Value::Object(obj.clone()))?;
-            text.chat_tokens(&chat.messages)?
-        } else {
-            let add_special = match obj.get("add_special_tokens") {
-                None | Some(Value::Null) => true,
-                Some(Value::Bool(b)) => *b,
-                Some(_) => return Err(invalid("add_special_tokens", "a boolean")),
-            };
-            match obj.get("prompt") {
-                Some(Value::String(s)) => text.tokenize(s, add_special)?,
-                _ => return Err(invalid("prompt", "a string (or give `messages`)")),
-            }
+        let tokens = match tokenize_body(obj)? {
+            TokenizeBody::Chat(chat) => text.chat_tokens(&chat.messages)?,
+            TokenizeBody::Prompt {
+                prompt,
+                add_special_tokens,
+            } => text.tokenize(&prompt, add_special_tokens)?,
         };
         Ok(json!({
             "tokens": tokens,
@@ -62,23 +43,72 @@ pub(super) async fn tokenize(State(ingress): State<Arc<Ingress>>, request: Reque
 
 pub(super) async fn detokenize(State(ingress): State<Arc<Ingress>>, request: Request) -> Response {
     answer(&ingress, "detokenize", request, |text, _, obj| {
-        let tokens: Vec<Token> = match obj.get("tokens") {
-            Some(Value::Array(items)) => items
-                .iter()
-                .enumerate()
-                .map(|(i, v)| {
-                    v.as_u64()
-                        .and_then(|t| Token::try_from(t).ok())
-                        .ok_or_else(|| invalid(&format!("tokens[{i}]"), "a token id"))
-                })
-                .collect::<Result<_, _>>()?,
-            _ => return Err(invalid("tokens", "an array of token ids")),
-        };
+        let tokens = detokenize_body(obj)?;
         // Checked against the vocabulary the same way a completions prompt is.
         text.prompt_tokens(&Prompt::Tokens(tokens.clone()))?;
         Ok(json!({"prompt": text.detokenize(&tokens)}))
     })
     .await
+}
+
+/// What a `/tokenize` body asks for.
+#[derive(Debug)]
+pub enum TokenizeBody {
+    /// `messages`: the chat template's tokens, as `/v1/chat/completions` submits them.
+    Chat(parse::ChatRequest),
+    Prompt {
+        prompt: String,
+        add_special_tokens: bool,
+    },
+}
+
+/// A `/tokenize` body (the object, `model` already read) as what it asks for.
+pub fn tokenize_body(obj: &Map<String, Value>) -> Result<TokenizeBody, ApiError> {
+    if obj.contains_key("messages") {
+        let add_generation_prompt = match obj.get("add_generation_prompt") {
+            None | Some(Value::Null) => true,
+            Some(Value::Bool(b)) => *b,
+            Some(_) => return Err(invalid("add_generation_prompt", "a boolean")),
+        };
+        if !add_generation_prompt {
+            return Err(ApiError::invalid(
+                "add_generation_prompt",
+                "unsupported_value",
+                "`add_generation_prompt` false is not supported: den tokenizes chats as it submits them",
+            ));
+        }
+        return Ok(TokenizeBody::Chat(parse::chat(&Value::Object(
+            obj.clone(),
+        ))?));
+    }
+    let add_special_tokens = match obj.get("add_special_tokens") {
+        None | Some(Value::Null) => true,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(invalid("add_special_tokens", "a boolean")),
+    };
+    match obj.get("prompt") {
+        Some(Value::String(s)) => Ok(TokenizeBody::Prompt {
+            prompt: s.clone(),
+            add_special_tokens,
+        }),
+        _ => Err(invalid("prompt", "a string (or give `messages`)")),
+    }
+}
+
+/// A `/detokenize` body's token ids.
+pub fn detokenize_body(obj: &Map<String, Value>) -> Result<Vec<Token>, ApiError> {
+    match obj.get("tokens") {
+        Some(Value::Array(items)) => items
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                v.as_u64()
+                    .and_then(|t| Token::try_from(t).ok())
+                    .ok_or_else(|| invalid(&format!("tokens[{i}]"), "a token id"))
+            })
+            .collect(),
+        _ => Err(invalid("tokens", "an array of token ids")),
+    }
 }
 
 fn invalid(param: &str, expected: &str) -> ApiError {

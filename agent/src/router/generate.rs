@@ -38,9 +38,19 @@ use crate::router::RouterHandle;
 use crate::router::http::error;
 use crate::serving::{DeliveryStream, SubmitError, Submitter};
 
+/// A `/v1/generate` body, or the one-line reason it is not one.
+pub fn decode_body(bytes: &[u8]) -> Result<GenerateBody, String> {
+    serde_json::from_slice(bytes).map_err(|e| {
+        format!(
+            "invalid body: {}; send {{\"prompt\": \"…\" or \"tokens\": […], \"max_new_tokens\": N}}",
+            den_protocol::text::one_line(&e.to_string())
+        )
+    })
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct GenerateBody {
+pub struct GenerateBody {
     #[serde(default)]
     id: Option<String>,
     #[serde(default)]
@@ -86,16 +96,9 @@ pub async fn generate(
         Ok(b) => b,
         Err(e) => return error(body_status(&e), &e.to_string()),
     };
-    let body: GenerateBody = match serde_json::from_slice(&body) {
+    let body = match decode_body(&body) {
         Ok(b) => b,
-        Err(e) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                &format!(
-                    "invalid body: {e}; send {{\"prompt\": \"…\" or \"tokens\": […], \"max_new_tokens\": N}}"
-                ),
-            );
-        }
+        Err(e) => return error(StatusCode::BAD_REQUEST, &e),
     };
     let served = handle.models();
     let model = match &body.model {

@@ -5,7 +5,9 @@
 //! - Fault injection (`--fault-admin`, loopback only, **tests only**): `POST
 //!   /fault/drop-inbound?on=true|false` (directed partition router → worker), `POST
 //!   /fault/restore-delay?ms=N` (slow restores), `POST /fault/evict-resident` (evict every
-//!   evictable resident route, so the next request restores from a tier), plus `GET
+//!   evictable resident route, so the next request restores from a tier), `POST
+//!   /fault/outbound?mode=none|duplicate|reorder|delay[&ms=N]` (frames to the router
+//!   sent twice, in swapped pairs, or late), plus `GET
 //!   /status`.
 
 use std::collections::BTreeMap;
@@ -63,6 +65,7 @@ pub async fn serve_faults(
     let app = Router::new()
         .route("/fault/drop-inbound", post(drop_inbound))
         .route("/fault/restore-delay", post(restore_delay))
+        .route("/fault/outbound", post(outbound))
         .route("/fault/evict-resident", post(evict_resident))
         .route("/status", get(status))
         .with_state(state);
@@ -127,6 +130,20 @@ async fn restore_delay(
     s.faults.set_restore_delay_ms(ms);
     tracing::warn!(ms, "fault injection: delaying every restored chunk");
     Json(serde_json::json!({ "restore_delay_ms": ms })).into_response()
+}
+
+async fn outbound(
+    State(s): State<AdminState>,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Response {
+    use crate::worker::faults::Outbound;
+    let Some(mode) = q.get("mode").and_then(|m| Outbound::parse(m)) else {
+        return bad("give ?mode=none|duplicate|reorder|delay (and &ms=N with delay)");
+    };
+    let ms = q.get("ms").and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    s.faults.set_outbound(mode, ms);
+    tracing::warn!(?mode, ms, "fault injection: frames to the router");
+    Json(serde_json::json!({ "outbound": format!("{mode:?}"), "ms": ms })).into_response()
 }
 
 async fn evict_resident(State(s): State<AdminState>) -> Response {

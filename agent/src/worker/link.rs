@@ -19,7 +19,7 @@ use den_protocol::wire::{Hello, ToRouter, Welcome, WorkerInbound, decode_for_wor
 
 use crate::auth::Token;
 use crate::metrics::Metrics;
-use crate::worker::faults::Faults;
+use crate::worker::faults::{Faults, Outbound};
 
 /// Frames buffered towards the router before the connection counts as stuck.
 pub const OUTBOUND_QUEUE: usize = 4096;
@@ -127,7 +127,7 @@ async fn session(
     conn: u64,
     opts: &LinkOptions,
     events: &mpsc::Sender<LinkEvent>,
-    faults: &Faults,
+    faults: &Arc<Faults>,
     metrics: &Metrics,
     stop: &mut watch::Receiver<bool>,
 ) -> Result<String, String> {
@@ -188,9 +188,14 @@ async fn session(
     };
     tracing::info!(conn, router = %opts.url, "connected to the router");
     let (tx, mut rx) = mpsc::channel::<String>(OUTBOUND_QUEUE);
+    let faults_out = Arc::clone(faults);
     let writer = tokio::spawn(async move {
         while let Some(text) = rx.recv().await {
-            if sink.send(Message::text(text)).await.is_err() {
+            let sent = match faults_out.outbound() {
+                Outbound::AsIs => sink.send(Message::text(text)).await,
+                faulty => send_faulty(&mut sink, &mut rx, faulty, &faults_out, text).await,
+            };
+            if sent.is_err() {
                 return;
             }
         }
@@ -256,6 +261,40 @@ async fn session(
     // The writer ends when the actor drops its sender (on `Down`) or the socket fails.
     drop(writer);
     Ok(reason)
+}
+
+/// Sends `text` as the outbound fault injector says (never without `--fault-admin`).
+async fn send_faulty<S>(
+    sink: &mut S,
+    rx: &mut mpsc::Receiver<String>,
+    mode: Outbound,
+    faults: &Faults,
+    text: String,
+) -> Result<(), WsError>
+where
+    S: futures_util::Sink<Message, Error = WsError> + Unpin,
+{
+    match mode {
+        Outbound::AsIs => sink.send(Message::text(text)).await,
+        Outbound::Duplicate => {
+            sink.send(Message::text(text.clone())).await?;
+            sink.send(Message::text(text)).await
+        }
+        Outbound::Delay => {
+            tokio::time::sleep(Duration::from_millis(faults.outbound_delay_ms())).await;
+            sink.send(Message::text(text)).await
+        }
+        Outbound::Reorder => {
+            match tokio::time::timeout(Duration::from_millis(50), rx.recv()).await {
+                Ok(Some(next)) => {
+                    sink.send(Message::text(next)).await?;
+                    sink.send(Message::text(text)).await
+                }
+                // No partner in time (or the channel closed): the frame goes alone.
+                _ => sink.send(Message::text(text)).await,
+            }
+        }
+    }
 }
 
 /// Decode a text or binary frame; `None` for control frames.

@@ -74,22 +74,10 @@ impl fmt::Display for Memory {
     }
 }
 
-/// Replaces line breaks so that a message from the cluster stays on one console line.
+/// A message from the cluster as one clean console line: control and escape sequences
+/// removed, line breaks and runs of whitespace made one space ([`crate::text::one_line`]).
 pub fn one_line(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut last_space = false;
-    for c in text.chars() {
-        if c == '\n' || c == '\r' || c == '\t' {
-            if !last_space {
-                out.push(' ');
-            }
-            last_space = true;
-        } else {
-            out.push(c);
-            last_space = c == ' ';
-        }
-    }
-    out.trim().to_owned()
+    crate::text::one_line(text)
 }
 
 #[cfg(test)]

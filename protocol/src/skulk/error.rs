@@ -205,14 +205,14 @@ impl fmt::Display for ApiError {
                 if body.is_empty() {
                     write!(f, "HTTP {status} with an empty body")
                 } else {
-                    write!(f, "HTTP {status}: {}", one_line(body))
+                    write!(f, "HTTP {status}: {}", clip(&one_line(body)))
                 }
             }
             ApiError::Unrecognised { status, body } => {
                 write!(
                     f,
                     "HTTP {status} with an unrecognised body: {}",
-                    one_line(&body.to_string())
+                    clip(&one_line(&body.to_string()))
                 )
             }
         }
@@ -220,6 +220,15 @@ impl fmt::Display for ApiError {
 }
 
 impl std::error::Error for ApiError {}
+
+/// A body quoted in an error (an HTML page, a JSON dump) keeps its first 240 characters.
+fn clip(s: &str) -> String {
+    const MAX: usize = 240;
+    match s.char_indices().nth(MAX) {
+        Some((at, _)) => format!("{}…", &s[..at]),
+        None => s.to_owned(),
+    }
+}
 
 /// Why a 2xx body could not be read as the expected type.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -590,3 +590,42 @@ fn hot_frames_decode_as_the_field_by_field_path_does() {
     assert_ne!(dup, text, "the frame has an index field to duplicate");
     assert_eq!(at_router(dup.as_bytes()).unwrap(), token);
 }
+
+/// Writes every frame kind, encoded, as a seed of the `wire` fuzz target (`fuzz/seed`
+/// runs it with DEN_FUZZ_SEEDS set). Not a check: ignored in ordinary runs.
+#[test]
+#[ignore = "exports fuzz seeds; fuzz/seed runs it"]
+fn export_wire_fuzz_seeds() {
+    let Some(dir) = std::env::var_os("DEN_FUZZ_SEEDS") else {
+        return;
+    };
+    let dir = std::path::Path::new(&dir).join("wire");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut frames: Vec<Vec<u8>> = router_frames().iter().map(|f| encode(f).unwrap()).collect();
+    for message in [
+        RouterMessage::Offer(offer()),
+        RouterMessage::Cancel(Cancel {
+            assignment: AssignmentId::new("request-1", 5),
+        }),
+    ] {
+        frames.push(encode(&to_near(message)).unwrap());
+    }
+    frames.push(
+        encode(&RouterHandshake::Welcome(Welcome {
+            protocol_version: PROTOCOL_VERSION,
+            heartbeat_interval_ms: 1000,
+            heartbeat_timeout_ms: 3000,
+        }))
+        .unwrap(),
+    );
+    frames.push(
+        encode(&RouterHandshake::Refused(Refused {
+            reason: RefusalReason::Unauthorized,
+            detail: "bad token".into(),
+        }))
+        .unwrap(),
+    );
+    for (i, f) in frames.iter().enumerate() {
+        std::fs::write(dir.join(format!("frame-{i:02}.json")), f).unwrap();
+    }
+}

@@ -233,7 +233,7 @@ impl Source {
 }
 
 pub fn one_line(s: &str) -> String {
-    s.split_whitespace().collect::<Vec<_>>().join(" ")
+    den_protocol::text::one_line(s)
 }
 
 #[cfg(test)]
