@@ -50,9 +50,28 @@ pub struct Proc {
 impl Proc {
     /// Start `den-agent ARGS`, logging to `dir/NAME.log`.
     pub fn spawn(name: &str, dir: &Path, args: &[String], env: &[(&str, String)]) -> Proc {
+        Proc::spawn_under(name, dir, &[], args, env)
+    }
+
+    /// Start `WRAPPER… den-agent ARGS` (e.g. `unshare … sh -c '…; exec "$@"' sh`): the
+    /// wrapper's last argument is followed by the binary and its arguments.
+    pub fn spawn_under(
+        name: &str,
+        dir: &Path,
+        wrapper: &[String],
+        args: &[String],
+        env: &[(&str, String)],
+    ) -> Proc {
         let log = dir.join(format!("{name}.log"));
         let stderr = std::fs::File::create(&log).expect("log file");
-        let mut cmd = Command::new(agent_binary());
+        let mut cmd = match wrapper.split_first() {
+            None => Command::new(agent_binary()),
+            Some((program, rest)) => {
+                let mut c = Command::new(program);
+                c.args(rest).arg(agent_binary());
+                c
+            }
+        };
         cmd.args(args)
             .env("DEN_LOG", "info,den_agent=debug")
             .env_remove("DEN_TOKEN")
@@ -285,6 +304,18 @@ pub fn start_worker_env(
     extra: &[&str],
     env: &[(&str, String)],
 ) -> Worker {
+    start_worker_under(router, name, fault, extra, env, &[])
+}
+
+/// [`start_worker_env`] with the worker started under `wrapper` ([`Proc::spawn_under`]).
+pub fn start_worker_under(
+    router: &Router,
+    name: &str,
+    fault: bool,
+    extra: &[&str],
+    env: &[(&str, String)],
+    wrapper: &[String],
+) -> Worker {
     let data_dir = router.dir.path().join(format!("data-{name}"));
     let mut args: Vec<String> = vec![
         "worker".into(),
@@ -306,7 +337,7 @@ pub fn start_worker_env(
         args.extend(["--fault-admin".into(), "127.0.0.1:0".into()]);
     }
     args.extend(extra.iter().map(|s| s.to_string()));
-    let mut proc = Proc::spawn(name, router.dir.path(), &args, env);
+    let mut proc = Proc::spawn_under(name, router.dir.path(), wrapper, &args, env);
     let metrics = proc.wait_line("den-agent worker metrics on ", Duration::from_secs(20));
     let fault =
         fault.then(|| proc.wait_line("den-agent worker fault-admin on ", Duration::from_secs(20)));
@@ -470,6 +501,14 @@ pub struct GenerationStream {
 impl GenerationStream {
     /// The next NDJSON line, or `None` at the end of the stream.
     pub async fn next_line(&mut self) -> Option<Value> {
+        match self.try_next_line().await {
+            Ok(line) => line,
+            Err(e) => panic!("generate stream failed: {e}"),
+        }
+    }
+
+    /// The next NDJSON line, `None` at the end of the stream, or the transport's error.
+    pub async fn try_next_line(&mut self) -> Result<Option<Value>, String> {
         loop {
             if let Some(pos) = self.buf.iter().position(|b| *b == b'\n') {
                 let line: Vec<u8> = self.buf.drain(..=pos).collect();
@@ -478,12 +517,12 @@ impl GenerationStream {
                     self.first_delta = Some(self.t0.elapsed());
                 }
                 self.lines.push(v.clone());
-                return Some(v);
+                return Ok(Some(v));
             }
             match self.stream.next().await {
                 Some(Ok(chunk)) => self.buf.extend_from_slice(&chunk),
-                Some(Err(e)) => panic!("generate stream failed: {e}"),
-                None => return None,
+                Some(Err(e)) => return Err(e.to_string()),
+                None => return Ok(None),
             }
         }
     }

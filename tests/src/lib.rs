@@ -33,6 +33,7 @@
 
 pub mod agents;
 pub mod environment;
+pub mod faults;
 pub mod fixture_client;
 pub mod fixture_server;
 pub mod manage;

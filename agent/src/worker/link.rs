@@ -187,21 +187,8 @@ async fn session(
         },
     };
     tracing::info!(conn, router = %opts.url, "connected to the router");
-    let (tx, mut rx) = mpsc::channel::<String>(OUTBOUND_QUEUE);
-    let faults_out = Arc::clone(faults);
-    let writer = tokio::spawn(async move {
-        while let Some(text) = rx.recv().await {
-            let sent = match faults_out.outbound() {
-                Outbound::AsIs => sink.send(Message::text(text)).await,
-                faulty => send_faulty(&mut sink, &mut rx, faulty, &faults_out, text).await,
-            };
-            if sent.is_err() {
-                return;
-            }
-        }
-        let _ = sink.send(Message::Close(None)).await;
-        let _ = sink.close().await;
-    });
+    let (tx, rx) = mpsc::channel::<String>(OUTBOUND_QUEUE);
+    let writer = tokio::spawn(write_frames(sink, rx, Arc::clone(faults)));
     if events
         .send(LinkEvent::Up { conn, tx, welcome })
         .await
@@ -263,38 +250,68 @@ async fn session(
     Ok(reason)
 }
 
-/// Sends `text` as the outbound fault injector says (never without `--fault-admin`).
-async fn send_faulty<S>(
-    sink: &mut S,
-    rx: &mut mpsc::Receiver<String>,
-    mode: Outbound,
-    faults: &Faults,
-    text: String,
-) -> Result<(), WsError>
+/// Sends the actor's frames to the router until the actor drops its sender, then
+/// closes. With `--fault-admin`, the outbound fault injector may duplicate, reorder or
+/// delay them; otherwise every frame goes as is, in order.
+async fn write_frames<S>(mut sink: S, mut rx: mpsc::Receiver<String>, faults: Arc<Faults>)
 where
     S: futures_util::Sink<Message, Error = WsError> + Unpin,
 {
-    match mode {
-        Outbound::AsIs => sink.send(Message::text(text)).await,
-        Outbound::Duplicate => {
-            sink.send(Message::text(text.clone())).await?;
-            sink.send(Message::text(text)).await
-        }
-        Outbound::Delay => {
-            tokio::time::sleep(Duration::from_millis(faults.outbound_delay_ms())).await;
-            sink.send(Message::text(text)).await
-        }
-        Outbound::Reorder => {
-            match tokio::time::timeout(Duration::from_millis(50), rx.recv()).await {
-                Ok(Some(next)) => {
-                    sink.send(Message::text(next)).await?;
-                    sink.send(Message::text(text)).await
+    // Frames held back by the delay fault, each with the instant it is due: a constant
+    // latency, not one that grows with every frame queued behind it.
+    let mut late: std::collections::VecDeque<(tokio::time::Instant, String)> =
+        std::collections::VecDeque::new();
+    loop {
+        let due = late.front().map(|(at, _)| *at);
+        let next = tokio::select! {
+            _ = tokio::time::sleep_until(due.unwrap_or_else(tokio::time::Instant::now)),
+                if due.is_some() => {
+                if let Some((_, text)) = late.pop_front()
+                    && sink.send(Message::text(text)).await.is_err()
+                {
+                    return;
                 }
-                // No partner in time (or the channel closed): the frame goes alone.
-                _ => sink.send(Message::text(text)).await,
+                continue;
+            }
+            next = rx.recv() => next,
+        };
+        let Some(text) = next else { break };
+        let mode = faults.outbound();
+        if mode == Outbound::Delay {
+            let at =
+                tokio::time::Instant::now() + Duration::from_millis(faults.outbound_delay_ms());
+            late.push_back((at, text));
+            continue;
+        }
+        // The delay fault was lifted: what it held goes first, in order.
+        while let Some((_, held)) = late.pop_front() {
+            if sink.send(Message::text(held)).await.is_err() {
+                return;
             }
         }
+        let sent = match mode {
+            Outbound::AsIs | Outbound::Delay => sink.send(Message::text(text)).await,
+            Outbound::Duplicate => match sink.send(Message::text(text.clone())).await {
+                Ok(()) => sink.send(Message::text(text)).await,
+                Err(e) => Err(e),
+            },
+            Outbound::Reorder => {
+                match tokio::time::timeout(Duration::from_millis(50), rx.recv()).await {
+                    Ok(Some(next)) => match sink.send(Message::text(next)).await {
+                        Ok(()) => sink.send(Message::text(text)).await,
+                        Err(e) => Err(e),
+                    },
+                    // No partner in time (or the channel closed): the frame goes alone.
+                    _ => sink.send(Message::text(text)).await,
+                }
+            }
+        };
+        if sent.is_err() {
+            return;
+        }
     }
+    let _ = sink.send(Message::Close(None)).await;
+    let _ = sink.close().await;
 }
 
 /// Decode a text or binary frame; `None` for control frames.

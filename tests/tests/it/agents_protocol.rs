@@ -336,7 +336,7 @@ async fn agents_readyz_follows_workers_and_drains() {
 
 /// A connection that says hello and then nothing is closed once the heartbeat timeout
 /// passes, instead of holding a descriptor forever (a worker that heartbeated and then
-/// paused keeps its socket: agents_faults covers its late result).
+/// paused keeps its socket: the fault matrix covers its late result).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_a_silent_connection_is_closed_after_the_heartbeat_timeout() {
     let router = start_router(

@@ -6,7 +6,6 @@
 
 mod agents_burst;
 mod agents_cli;
-mod agents_faults;
 mod agents_limits;
 mod agents_openai_client;
 mod agents_protocol;
@@ -17,6 +16,9 @@ mod agents_serving;
 mod agents_tls;
 mod console_status;
 mod console_tmux;
+mod fault_matrix;
+mod fault_matrix_frames;
+mod fault_matrix_storage;
 mod manage_api;
 mod manage_console;
 mod manage_downloads;

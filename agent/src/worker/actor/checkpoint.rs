@@ -113,6 +113,15 @@ impl Actor {
         for e in &outcome.errors {
             tracing::warn!(%route, "checkpoint: {e}");
         }
+        if !outcome.errors.is_empty() {
+            // A full disk or an unreachable object store shows here, not only in the log.
+            self.p.metrics.counter_add(
+                "den_checkpoint_errors_total",
+                "Tier writes of checkpoints that failed (disk full, object store down, ...).",
+                &[],
+                outcome.errors.len() as f64,
+            );
+        }
         self.p.metrics.counter_add(
             "den_checkpoint_chunks_total",
             "Chunks stored by checkpoints (acknowledged by at least one tier).",

@@ -1,76 +1,37 @@
-//! Faults over real sockets and processes: a worker killed or paused in the middle of a
-//! restore, a worker killed after the first streamed token, a directed partition from the
-//! router to one worker, and a corrupted chunk.
+//! The fault matrix, one named suite (`cargo test fault_matrix`): real processes on
+//! loopback, one fault per row, and every row ends with the same checks
+//! ([`den_tests::faults::assert_clean`]): each request has exactly one terminal outcome
+//! (none lost, none duplicated), every client got a terminal answer, and every surviving
+//! worker is idle with its pages fully accounted.
 //!
-//! Both workers share a `file://` object store, so a prefix one of them checkpointed can
-//! be restored by the other.
+//! | row | fault | expected |
+//! |---|---|---|
+//! | kill during restore | SIGKILL while chunks are being placed | completes on the other worker (restored from objects) |
+//! | pause during restore | SIGSTOP past the heartbeat timeout, then SIGCONT | moved to the other worker; the late result is fenced |
+//! | kill during prefill | SIGKILL before the first delta | completes on the other worker |
+//! | kill during decode | SIGKILL after the first delta | one clean error, no retry (output was visible) |
+//! | directed partition | frames router → worker dropped | offer times out, is cancelled, falls back |
+//! | router restart mid-stream | router SIGKILLed and started again on its port | the client's stream ends in an error; workers reconnect, drop the orphaned work, serve again |
+//! | duplicated frames | every worker frame sent twice | same tokens as without the fault, each delta once |
+//! | reordered frames | worker frames in swapped pairs | same tokens, deltas in order, none twice |
+//! | late frames | worker frames held past the offer timeout | falls back; the late worker's answers are fenced |
+//! | corrupt chunk | a byte flipped in every SSD chunk | recomputed, identical output, never wrong KV |
+//! | disk full | the SSD tier on a 1 MiB tmpfs | requests complete; failed writes leave nothing behind |
+//! | object store down | the object store's directory replaced by a file | restore fails, recomputed, identical output |
+//!
+//! The frame rows live in fault_matrix_frames.rs, the storage rows in
+//! fault_matrix_storage.rs; the workers' `--fault-admin` endpoint injects the faults
+//! that signals cannot.
 
 use std::time::Duration;
 
 use den_tests::agents::{
-    Router, SLOW_PREFILL, Worker, body, metric, metric_sum, prompt, start_router, start_worker,
-    wait_for,
+    body, metric, metric_sum, prompt, start_router, start_router_at, start_worker, wait_for,
 };
-
-const COSTS: &[&str] = SLOW_PREFILL;
-
-/// Router + w-a + w-b with a shared object store; w-a has served (and checkpointed)
-/// `tokens`, and its resident copy is evicted, so the next request for the same prefix
-/// restores from a tier. Returns the router and the two workers.
-async fn restore_setup(router_args: &[&str], tokens: &[u32]) -> (Router, Worker, Worker) {
-    let router = start_router(None, router_args);
-    let objects = format!("file://{}/objects", router.dir.path().display());
-    let mut args: Vec<&str> = COSTS.to_vec();
-    args.extend(["--object-store", objects.as_str()]);
-    let a = start_worker(&router, "w-a", true, &args);
-    router.wait_workers(&["w-a"]).await;
-    // Only w-a is up: it serves the first request and checkpoints it (RAM + objects).
-    let first = router.generate(body("warm", tokens, 2)).await;
-    assert_eq!(
-        (first.kind(), first.worker().as_str()),
-        ("completed", "w-a")
-    );
-    a.wait_idle().await;
-    // w-b prefills 50× slower, so w-a's RAM restore wins by hundreds of ms, not by the
-    // ~1 ms of object reads between two equal workers: w-a's *measured* costs (prefill,
-    // upload), inflated on a loaded machine, are compared with w-b's declared ones, and
-    // that margin was erased (w-b was chosen first and w-a never saw the request). After
-    // the fault w-b restores from objects and prefills the few tokens after the chunks.
-    let mut b_args: Vec<&str> = vec!["--prefill-ms-per-token", "200"];
-    b_args.extend(args.iter().copied().skip(2));
-    let b = start_worker(&router, "w-b", true, &b_args);
-    router.wait_workers(&["w-a", "w-b"]).await;
-    a.fault("/fault/evict-resident").await;
-    wait_for(
-        "w-a's eviction to be advertised",
-        Duration::from_secs(10),
-        || async {
-            let obs = router.observation("w-a").await?;
-            obs["gpu_prefixes"].as_array()?.is_empty().then_some(())
-        },
-    )
-    .await;
-    (router, a, b)
-}
-
-/// Waits until `w` holds one assignment; on timeout the failure shows the router's
-/// decision record for `request` (which worker got it, and why).
-async fn wait_accepted(router: &Router, w: &Worker, request: &str) {
-    let t0 = std::time::Instant::now();
-    while w.status().await["assignments"] != 1 {
-        if t0.elapsed() > Duration::from_secs(10) {
-            panic!(
-                "{} did not accept {request} within 10 s; the router's record: {}",
-                w.name,
-                router.record(request).await
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
+use den_tests::faults::{COSTS, assert_clean, restore_setup, wait_accepted};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn agents_worker_killed_mid_restore_request_completes_on_the_other_worker() {
+async fn fault_matrix_kill_during_restore_completes_on_the_other_worker() {
     let tokens = prompt(3, 100);
     let (router, mut a, b) = restore_setup(&[], &tokens).await;
     a.fault("/fault/restore-delay?ms=2000").await;
@@ -95,10 +56,11 @@ async fn agents_worker_killed_mid_restore_request_completes_on_the_other_worker(
         "{status}"
     );
     assert_eq!(status["restore_mismatch"], 0.0);
+    assert_clean(&router, &["warm", "k1"], &[&b]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn agents_worker_paused_mid_restore_its_late_result_is_ignored() {
+async fn fault_matrix_pause_during_restore_moves_it_and_fences_the_late_result() {
     let tokens = prompt(4, 100);
     let (router, a, b) = restore_setup(
         &["--heartbeat-interval", "200ms", "--heartbeat-timeout", "1s"],
@@ -144,11 +106,11 @@ async fn agents_worker_paused_mid_restore_its_late_result_is_ignored() {
         router.observation("w-a").await.map(|_| ())
     })
     .await;
-    let _ = b;
+    assert_clean(&router, &["warm", "p1"], &[&a, &b]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn agents_worker_killed_after_first_delta_gives_one_clean_error_and_no_retry() {
+async fn fault_matrix_kill_during_decode_gives_one_clean_error_and_no_retry() {
     let router = start_router(None, &[]);
     let slow = [
         "--decode-ms-per-token",
@@ -196,10 +158,11 @@ async fn agents_worker_killed_after_first_delta_gives_one_clean_error_and_no_ret
         0.0,
         "the other worker got no offer"
     );
+    assert_clean(&router, &["d1"], &[other]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn agents_directed_partition_times_out_the_offer_cancels_and_falls_back() {
+async fn fault_matrix_directed_partition_times_out_the_offer_and_falls_back() {
     let router = start_router(None, &["--offer-timeout", "1s"]);
     let a = start_worker(&router, "w-a", true, COSTS);
     let b = start_worker(&router, "w-b", true, COSTS);
@@ -237,72 +200,85 @@ async fn agents_directed_partition_times_out_the_offer_cancels_and_falls_back() 
         .await;
     b.proc.signal("CONT");
     assert_eq!(g.kind(), "completed", "{:?}", g.terminal);
+    assert_clean(&router, &["n1", "n2"], &[&a, &b]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn agents_corrupt_chunk_is_recomputed_never_wrong_kv() {
+async fn fault_matrix_kill_during_prefill_completes_on_the_other_worker() {
     let router = start_router(None, &[]);
-    let args: Vec<&str> = [COSTS, &["--ram-bytes", "0", "--ssd-bytes", "64MiB"]].concat();
-    let a = start_worker(&router, "w-a", true, &args);
-    router.wait_workers(&["w-a"]).await;
-    let tokens = prompt(8, 100);
-    let first = router.generate(body("x1", &tokens, 4)).await;
-    assert_eq!(first.kind(), "completed");
-    a.wait_idle().await;
+    // 30 ms per prompt token: a 100-token prefill takes 3 s, long enough to kill it.
+    let slow = ["--prefill-ms-per-token", "30"];
+    let mut a = start_worker(&router, "w-a", false, &slow);
+    let mut b = start_worker(&router, "w-b", false, &slow);
+    router.wait_workers(&["w-a", "w-b"]).await;
 
-    // Flip one byte in the payload of every stored chunk file.
-    let mut damaged = 0;
-    for entry in walk(&a.data_dir.join("ssd").join("chunks")) {
-        let mut bytes = std::fs::read(&entry).unwrap();
-        let last = bytes.len() - 1;
-        bytes[last] ^= 0xFF;
-        std::fs::write(&entry, bytes).unwrap();
-        damaged += 1;
-    }
-    assert!(damaged >= 7, "{damaged} chunk files");
-    a.fault("/fault/evict-resident").await;
-    wait_for(
-        "the eviction to be advertised",
+    let mut s = router.stream(body("f1", &prompt(9, 100), 4)).await;
+    let serving = wait_for(
+        "an attempt to be accepted",
         Duration::from_secs(10),
         || async {
-            let obs = router.observation("w-a").await?;
-            obs["gpu_prefixes"].as_array()?.is_empty().then_some(())
+            let record = router.record("f1").await;
+            let a0 = &record["attempts"][0];
+            (a0["outcome"]["kind"] == "running")
+                .then(|| a0["worker"].as_str().map(str::to_owned))?
         },
     )
     .await;
+    let (victim, other) = if serving == "w-a" {
+        (&mut a, &b)
+    } else {
+        (&mut b, &a)
+    };
+    victim.proc.signal("KILL");
+    victim.proc.wait_exit(Duration::from_secs(10));
 
-    let second = router.generate(body("x2", &tokens, 4)).await;
-    assert_eq!(second.kind(), "completed", "{:?}", second.terminal);
-    assert_eq!(second.tier(), "ssd", "the router believed the replica");
-    assert_eq!(second.cached_tokens(), 0, "nothing usable was restored");
+    while s.next_line().await.is_some() {}
+    let g = s.finish();
+    assert_eq!(g.kind(), "completed", "{:?}", g.terminal);
+    assert_eq!(g.worker(), other.name);
     assert_eq!(
-        second.tokens(),
-        first.tokens(),
-        "recomputed, identical output"
+        g.deltas.len(),
+        4,
+        "the client saw only the second attempt's output"
     );
-    let m = a.metrics_text().await;
-    assert!(
-        metric(
-            &m,
-            "den_restore_fetch_failures_total",
-            &[("tier", "ssd"), ("kind", "corrupt")]
-        ) >= 1.0
-    );
-    assert_eq!(metric(&m, "den_restore_mismatch_total", &[]), 0.0);
-    assert_eq!(metric(&m, "den_recomputed_tokens_total", &[]), 198.0);
+    let attempts = g.terminal["attempts"].as_array().unwrap();
+    assert_eq!(attempts[0]["outcome"], "became unavailable", "{attempts:?}");
+    assert_clean(&router, &["f1"], &[other]).await;
 }
 
-fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    if let Ok(rd) = std::fs::read_dir(dir) {
-        for e in rd.flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                out.extend(walk(&p));
-            } else {
-                out.push(p);
-            }
-        }
-    }
-    out
+/// The router dies mid-stream: the client's stream ends without a completion (its
+/// transport fails, a terminal answer it can act on), the router comes back on its
+/// port, the workers reconnect, cancel what they held for the dead router, and serve.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_matrix_router_restart_mid_stream_ends_the_stream_and_the_cluster_recovers() {
+    let mut router = start_router(None, &["--heartbeat-timeout", "2s"]);
+    let slow = ["--decode-ms-per-token", "100"];
+    let w = start_worker(&router, "w-a", false, &slow);
+    router.wait_workers(&["w-a"]).await;
+
+    let mut s = router.stream(body("m1", &prompt(10, 20), 200)).await;
+    let first = s.next_line().await.unwrap();
+    assert_eq!(first["type"], "delta");
+    let listen = router.url.trim_start_matches("http://").to_owned();
+    router.proc.signal("KILL");
+    router.proc.wait_exit(Duration::from_secs(10));
+    // The stream ends: no completed line, however long the client waits.
+    let ended = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Ok(Some(_)) = s.try_next_line().await {}
+    })
+    .await;
+    assert!(ended.is_ok(), "the client's stream outlived its router");
+    assert!(
+        s.lines.iter().all(|l| l["type"] == "delta"),
+        "{:?}",
+        s.lines
+    );
+
+    let router = start_router_at(&listen, None, &["--heartbeat-timeout", "2s"]);
+    router.wait_workers(&["w-a"]).await;
+    // The worker dropped the dead router's assignment and freed its pages.
+    w.wait_idle().await;
+    let g = router.generate(body("m2", &prompt(11, 20), 4)).await;
+    assert_eq!(g.kind(), "completed", "{:?}", g.terminal);
+    assert_clean(&router, &["m2"], &[&w]).await;
 }
