@@ -75,7 +75,7 @@ pub fn cargo_build(package: &str) -> Result<(), String> {
 fn package_of(binary: &str) -> &'static str {
     match binary {
         "den" => "den-console",
-        "den-agent" => "den-agent",
+        "den-agent" | "den-agent-soak" => "den-agent",
         "den-fleet" => "den-fleet",
         _ => "den-tests",
     }

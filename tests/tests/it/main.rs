@@ -13,6 +13,7 @@ mod agents_real_model;
 mod agents_reconnect;
 mod agents_s3;
 mod agents_serving;
+mod agents_soak;
 mod agents_tls;
 mod console_status;
 mod console_tmux;
