@@ -52,7 +52,7 @@ pub fn load<T: DeserializeOwned + Default>(explicit: Option<&Path>) -> Result<T,
 pub fn parse<T: DeserializeOwned>(path: &Path, text: &str) -> Result<T, ConfigError> {
     toml::from_str(text).map_err(|e| ConfigError::Parse {
         path: path.to_path_buf(),
-        message: e.message().replace('\n', " "),
+        message: den_protocol::text::one_line(e.message()),
     })
 }
 

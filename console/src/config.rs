@@ -316,7 +316,7 @@ pub fn read_file(explicit: Option<&Path>) -> Result<FileConfig, ConfigError> {
 pub fn parse_file(text: &str, path: &str) -> Result<FileConfig, ConfigError> {
     toml::from_str(text).map_err(|e: toml::de::Error| ConfigError::Invalid {
         path: path.to_owned(),
-        detail: e.message().replace('\n', " "),
+        detail: den_protocol::text::one_line(e.message()),
     })
 }
 

@@ -33,6 +33,11 @@ pub struct DecisionRecord {
     /// The candidate snapshot taken at submission, each with its estimate (predicted
     /// TTFT, or why it is infeasible). [`CandidateSnapshot::ranking`] gives offer order.
     pub candidates: CandidateSnapshot,
+    /// Candidates dropped from `candidates` when the request finished: a retained record
+    /// keeps the best feasible ones, the first infeasible ones and every one attempted
+    /// ([`CandidateSnapshot::compact`]), so memory does not grow with the fleet.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub candidates_omitted: usize,
     pub attempts: Vec<AttemptRecord>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_delta_at: Option<Millis>,
@@ -364,6 +369,50 @@ impl CandidateSnapshot {
         }
     }
 
+    /// Keeps the `keep` best feasible candidates (offer order), the first `keep`
+    /// infeasible ones (submission order) and those at `pinned`, in submission order, and
+    /// drops the rest. Returns, for each old index, its new one. A finished request's
+    /// record needs no more for its explanation, and with a thousand workers and minutes
+    /// of retention the full snapshots were most of the router's memory.
+    pub fn compact(&mut self, keep: usize, pinned: &[usize]) -> Vec<Option<usize>> {
+        let n = self.len();
+        let mut kept = vec![false; n];
+        for i in self.offer_order().into_iter().take(keep) {
+            kept[i] = true;
+        }
+        let infeasible = (0..n).filter(|i| self.estimates.get(*i).is_some_and(|e| !e.feasible()));
+        for i in infeasible.take(keep) {
+            kept[i] = true;
+        }
+        for &i in pinned {
+            if let Some(k) = kept.get_mut(i) {
+                *k = true;
+            }
+        }
+        let mut map = vec![None; n];
+        if kept.iter().all(|k| *k) {
+            for (i, m) in map.iter_mut().enumerate() {
+                *m = Some(i);
+            }
+            return map;
+        }
+        let candidates = std::mem::take(&mut self.candidates);
+        let estimates = std::mem::take(&mut self.estimates);
+        let mut new_c = Vec::new();
+        let mut new_e = Vec::new();
+        for (i, (c, e)) in candidates.into_iter().zip(estimates).enumerate() {
+            if kept.get(i).copied().unwrap_or(false) {
+                if let Some(m) = map.get_mut(i) {
+                    *m = Some(new_c.len());
+                }
+                new_c.push(c);
+                new_e.push(e);
+            }
+        }
+        *self = CandidateSnapshot::assemble(new_c, new_e);
+        map
+    }
+
     /// [`crate::candidate::offer_order`] on two indices.
     fn compare(&self, a: usize, b: usize) -> Ordering {
         match (self.get(a), self.get(b)) {
@@ -382,6 +431,10 @@ impl From<Vec<Scored>> for CandidateSnapshot {
             .unzip();
         CandidateSnapshot::assemble(candidates, estimates)
     }
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 #[derive(Serialize)]

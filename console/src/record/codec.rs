@@ -109,15 +109,15 @@ impl Codec {
         }
         let malformed = |e: serde_json::Error| LineError::Malformed {
             kind: "event",
-            detail: e.to_string(),
+            detail: den_protocol::text::one_line(&e.to_string()),
         };
         let mut event: Value = serde_json::from_slice(line).map_err(malformed)?;
         let raw = event
             .as_object_mut()
             .and_then(|o| o.remove("delta"))
             .ok_or_else(|| DeltaError::Malformed("no delta".to_owned()))?;
-        let d: Delta =
-            serde_json::from_value(raw).map_err(|e| DeltaError::Malformed(e.to_string()))?;
+        let d: Delta = serde_json::from_value(raw)
+            .map_err(|e| DeltaError::Malformed(den_protocol::text::one_line(&e.to_string())))?;
         let mut value = match self.take(&d.base) {
             Some(v) => v,
             None => base_from_model(&d.base, model)

@@ -161,9 +161,14 @@ fn route_lines(r: &DecisionRecord, theme: &Theme) -> Vec<Line<'static>> {
     }
     lines.push(Line::raw(""));
     let ranking = r.candidates.ranking();
+    let omitted = if r.candidates_omitted > 0 {
+        format!(", {} more not kept after it finished", r.candidates_omitted)
+    } else {
+        String::new()
+    };
     lines.push(heading(
         &format!(
-            "candidates in offer order ({} feasible, {} infeasible)",
+            "candidates in offer order ({} feasible, {} infeasible{omitted})",
             ranking.feasible.len(),
             ranking.infeasible.len()
         ),

@@ -298,8 +298,8 @@ pub fn expand(
     let Some(raw) = event.as_object_mut().and_then(|o| o.remove("delta")) else {
         return Ok(());
     };
-    let delta: Delta =
-        serde_json::from_value(raw).map_err(|e| DeltaError::Malformed(e.to_string()))?;
+    let delta: Delta = serde_json::from_value(raw)
+        .map_err(|e| DeltaError::Malformed(crate::text::one_line(&e.to_string())))?;
     let base = lookup(&delta.base).ok_or_else(|| DeltaError::MissingBase(delta.base.clone()))?;
     let value = apply(&base, &delta.patch)?;
     let (last, parents) = delta

@@ -155,7 +155,8 @@ pub fn decode_header(line: &[u8]) -> Result<Header, FormatError> {
     if major < FORMAT_MAJOR {
         return Err(FormatError::Older(version));
     }
-    serde_json::from_value(value).map_err(|e| FormatError::Malformed(e.to_string()))
+    serde_json::from_value(value)
+        .map_err(|e| FormatError::Malformed(crate::text::one_line(&e.to_string())))
 }
 
 impl Header {
@@ -307,7 +308,7 @@ pub fn encode_event_value(value: &Value) -> Option<String> {
 pub fn decode_event(line: &[u8]) -> Result<Stamped, LineError> {
     serde_json::from_slice(trim_line(line)).map_err(|e| LineError::Malformed {
         kind: "event",
-        detail: e.to_string(),
+        detail: crate::text::one_line(&e.to_string()),
     })
 }
 
@@ -331,7 +332,7 @@ pub fn decode_snapshot<S: DeserializeOwned>(line: &[u8]) -> Result<(Millis, u64,
     let s: SnapshotLine<S> =
         serde_json::from_slice(trim_line(line)).map_err(|e| LineError::Malformed {
             kind: "snapshot",
-            detail: e.to_string(),
+            detail: crate::text::one_line(&e.to_string()),
         })?;
     Ok((s.at, s.snapshot, s.state))
 }
@@ -374,7 +375,7 @@ pub fn decode_end(line: &[u8]) -> Result<End, LineError> {
         .map(|l| l.end)
         .map_err(|e| LineError::Malformed {
             kind: "end",
-            detail: e.to_string(),
+            detail: crate::text::one_line(&e.to_string()),
         })
 }
 

@@ -63,6 +63,9 @@ pub struct RouterConfig {
     /// How long a terminal record is kept (for late messages, duplicate submits and the
     /// console) before it is garbage-collected.
     pub retention_ms: u64,
+    /// Candidates a finished request's record keeps, feasible and infeasible each (plus
+    /// every one attempted): see [`crate::decision::CandidateSnapshot::compact`].
+    pub retained_candidates: usize,
 }
 
 impl Default for RouterConfig {
@@ -71,6 +74,7 @@ impl Default for RouterConfig {
             offer_timeout_ms: 100,
             default_deadline_ms: 60_000,
             retention_ms: 300_000,
+            retained_candidates: 16,
         }
     }
 }

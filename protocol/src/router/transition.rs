@@ -80,6 +80,7 @@ impl Router {
             submitted_at: now,
             deadline,
             candidates: snapshot,
+            candidates_omitted: 0,
             attempts: Vec::new(),
             first_delta_at: None,
             delivered_tokens: 0,
@@ -511,6 +512,7 @@ fn finish(
     }
     e.record.outcome = Some(outcome.clone());
     e.record.finished_at = Some(now);
+    compact_candidates(cfg, e);
     out.push(deliver(&id, kind));
     if now < e.record.deadline {
         out.push(local(LocalRouterEffect::CancelDeadlineTimer {
@@ -528,6 +530,34 @@ fn finish(
         },
     );
     idx.expiry.insert((now + cfg.retention_ms, id));
+}
+
+/// A finished request keeps only the candidates that explain it: no more offers follow.
+fn compact_candidates(cfg: &RouterConfig, e: &mut Entry) {
+    let before = e.record.candidates.len();
+    // Every candidate an attempt was made on stays (the record's attempts name them).
+    let attempted: Vec<usize> = e
+        .record
+        .candidates
+        .iter()
+        .enumerate()
+        .filter(|(_, (c, _))| {
+            e.record
+                .attempts
+                .iter()
+                .any(|a| a.worker == c.worker_id && a.tier == c.tier)
+        })
+        .map(|(i, _)| i)
+        .chain(e.current)
+        .collect();
+    let map = e
+        .record
+        .candidates
+        .compact(cfg.retained_candidates, &attempted);
+    e.record.candidates_omitted += before - e.record.candidates.len();
+    e.current = e.current.and_then(|i| map.get(i).copied().flatten());
+    e.order.clear();
+    e.cursor = 0;
 }
 
 fn set_phase(idx: &mut Index, e: &mut Entry, phase: Phase) {

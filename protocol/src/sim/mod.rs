@@ -127,6 +127,7 @@ impl Simulation {
             offer_timeout_ms: config.offer_timeout.max(1),
             default_deadline_ms: config.deadline_ms,
             retention_ms: config.retention_ms,
+            ..RouterConfig::default()
         });
         Simulation {
             config,

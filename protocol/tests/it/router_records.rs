@@ -389,3 +389,47 @@ fn offers_follow_ttft_plus_imposed_delay() {
     );
     assert_eq!(sends(&effects), [("offer", "fast".to_owned(), 1)]);
 }
+
+/// A finished request's record keeps its best feasible candidates, its first infeasible
+/// ones and every one it was offered to; the rest are counted, not kept (with a thousand
+/// workers and minutes of retention the full snapshots were most of the router's memory).
+#[test]
+fn finished_records_keep_the_candidates_that_explain_them() {
+    let mut router = Router::new(RouterConfig {
+        retained_candidates: 2,
+        ..RouterConfig::default()
+    });
+    let mut candidates: Vec<_> = (0..10)
+        .map(|i| router_cand(&format!("w{i}"), Tier::None, 0))
+        .collect();
+    // Three infeasible ones: a context the workers cannot hold.
+    for c in candidates.iter_mut().skip(7) {
+        c.max_context = 1;
+    }
+    let effects = router.handle(T0, RouterInput::submit(router_request("r"), candidates));
+    let first = sends(&effects)[0].1.clone();
+    assert_eq!(router.record(&"r".into()).unwrap().candidates.len(), 10);
+    // The best declines; the request completes on its second choice.
+    let _ = router.handle(
+        Millis(2),
+        decline(a("r", 1), DeclineReason::InsufficientPages),
+    );
+    let _ = router.handle(Millis(3), accept(a("r", 2)));
+    let _ = router.handle(Millis(4), completed(a("r", 2), vec![1]));
+    let record = router.record(&"r".into()).unwrap();
+    assert_eq!(record.outcome, Some(TerminalOutcome::Completed));
+    // 2 best feasible (both attempted) + 2 infeasible = 4 of 10.
+    assert_eq!(record.candidates.len(), 4, "{record:?}");
+    assert_eq!(record.candidates_omitted, 6);
+    assert_eq!(record.candidates.feasible_count(), 2);
+    let kept: Vec<String> = record
+        .candidates
+        .iter()
+        .map(|(c, _)| c.worker_id.to_string())
+        .collect();
+    assert!(kept.contains(&first), "{kept:?}");
+    for attempt in &record.attempts {
+        assert!(kept.contains(&attempt.worker.to_string()), "{kept:?}");
+    }
+    assert_eq!(record.chosen().map(|a| a.attempt), Some(2));
+}

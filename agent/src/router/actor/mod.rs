@@ -151,6 +151,7 @@ impl RouterActor {
                 offer_timeout_ms: ms(o.offer_timeout),
                 default_deadline_ms: ms(o.request_deadline),
                 retention_ms: ms(o.retention),
+                ..RouterConfig::default()
             },
             heartbeat_timeout_ms: ms(o.heartbeat_timeout),
             chunk_size: o.chunk_size,

@@ -315,7 +315,10 @@ impl Card {
                 .span()
                 .map(|s| format!(" (line {})", line_of(text, s.start)))
                 .unwrap_or_default();
-            err(format!("{}{line}", e.message().replace('\n', " ")))
+            err(format!(
+                "{}{line}",
+                den_protocol::text::one_line(e.message())
+            ))
         })?;
         let key = |k: &str, why: String| err(format!("key `{k}`: {why}"));
         let model_id = raw.model_id.trim().to_owned();
