@@ -159,7 +159,7 @@ impl ApiError {
             ApiError::Envelope { error, .. } => one_line(&error.message),
             ApiError::Validation { issues, .. } => issues
                 .iter()
-                .map(|i| format!("{}: {}", i.location(), one_line(&i.msg)))
+                .map(|i| format!("{}: {}", one_line(&i.location()), one_line(&i.msg)))
                 .collect::<Vec<_>>()
                 .join("; "),
             ApiError::Detail { message, .. } => one_line(message),
