@@ -83,6 +83,15 @@ pub async fn wait_accepted(router: &Router, w: &Worker, request: &str) {
     }
 }
 
+/// SIGKILLs whichever of `a` and `b` is named `serving`, waits for it to exit, and
+/// returns the other.
+pub fn kill_the_serving<'w>(serving: &str, a: &'w mut Worker, b: &'w mut Worker) -> &'w Worker {
+    let (victim, other) = if serving == a.name { (a, b) } else { (b, a) };
+    victim.proc.signal("KILL");
+    victim.proc.wait_exit(Duration::from_secs(10));
+    other
+}
+
 /// Every row's ending: each request has exactly one terminal outcome in the router's
 /// record, and each surviving worker is idle with its pages fully accounted (none
 /// reserved; free and resident add up to the pool).

@@ -28,7 +28,7 @@ use std::time::Duration;
 use den_tests::agents::{
     body, metric, metric_sum, prompt, start_router, start_router_at, start_worker, wait_for,
 };
-use den_tests::faults::{COSTS, assert_clean, restore_setup, wait_accepted};
+use den_tests::faults::{COSTS, assert_clean, kill_the_serving, restore_setup, wait_accepted};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_matrix_kill_during_restore_completes_on_the_other_worker() {
@@ -127,13 +127,7 @@ async fn fault_matrix_kill_during_decode_gives_one_clean_error_and_no_retry() {
     assert_eq!(first["type"], "delta");
     let record = router.record("d1").await;
     let serving = record["attempts"][0]["worker"].as_str().unwrap().to_owned();
-    let (victim, other) = if serving == "w-a" {
-        (&mut a, &b)
-    } else {
-        (&mut b, &a)
-    };
-    victim.proc.signal("KILL");
-    victim.proc.wait_exit(Duration::from_secs(10));
+    let other = kill_the_serving(&serving, &mut a, &mut b);
 
     while s.next_line().await.is_some() {}
     let lines = s.lines.clone();
@@ -224,13 +218,7 @@ async fn fault_matrix_kill_during_prefill_completes_on_the_other_worker() {
         },
     )
     .await;
-    let (victim, other) = if serving == "w-a" {
-        (&mut a, &b)
-    } else {
-        (&mut b, &a)
-    };
-    victim.proc.signal("KILL");
-    victim.proc.wait_exit(Duration::from_secs(10));
+    let other = kill_the_serving(&serving, &mut a, &mut b);
 
     while s.next_line().await.is_some() {}
     let g = s.finish();
