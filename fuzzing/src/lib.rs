@@ -290,6 +290,72 @@ pub fn gguf(data: &[u8]) {
     }
 }
 
+/// Small GGUF files made here, one per tensor type den reads (llama metadata, a
+/// three-token vocabulary, one 256×2 tensor of pseudo-random blocks): the `gguf`
+/// target's seeds, built rather than committed (no model file lives in the tree).
+pub fn gguf_seeds() -> Vec<(String, Vec<u8>)> {
+    fn string(out: &mut Vec<u8>, s: &str) {
+        out.extend_from_slice(&(s.len() as u64).to_le_bytes());
+        out.extend_from_slice(s.as_bytes());
+    }
+    fn key(out: &mut Vec<u8>, k: &str, ty: u32) {
+        string(out, k);
+        out.extend_from_slice(&ty.to_le_bytes());
+    }
+    // (name, ggml type id, elements per block, bytes per block)
+    const TYPES: [(&str, u32, usize, usize); 9] = [
+        ("F32", 0, 1, 4),
+        ("F16", 1, 1, 2),
+        ("Q4_0", 2, 32, 18),
+        ("Q4_1", 3, 32, 20),
+        ("Q5_0", 6, 32, 22),
+        ("Q8_0", 8, 32, 34),
+        ("Q4_K", 12, 256, 144),
+        ("Q6_K", 14, 256, 210),
+        ("BF16", 30, 1, 2),
+    ];
+    let mut state = 7u64;
+    TYPES
+        .iter()
+        .map(|&(name, ty, per, size)| {
+            let ne0 = 256usize;
+            let mut out = b"GGUF".to_vec();
+            out.extend_from_slice(&3u32.to_le_bytes());
+            out.extend_from_slice(&1u64.to_le_bytes()); // tensors
+            out.extend_from_slice(&5u64.to_le_bytes()); // metadata pairs
+            key(&mut out, "general.architecture", 8);
+            string(&mut out, "llama");
+            key(&mut out, "general.alignment", 4);
+            out.extend_from_slice(&32u32.to_le_bytes());
+            key(&mut out, "llama.context_length", 4);
+            out.extend_from_slice(&128u32.to_le_bytes());
+            key(&mut out, "llama.rope.freq_base", 6);
+            out.extend_from_slice(&10000f32.to_le_bytes());
+            key(&mut out, "tokenizer.ggml.tokens", 9);
+            out.extend_from_slice(&8u32.to_le_bytes());
+            out.extend_from_slice(&3u64.to_le_bytes());
+            for t in ["a", "b", "<s>"] {
+                string(&mut out, t);
+            }
+            string(&mut out, &format!("t.{name}"));
+            out.extend_from_slice(&2u32.to_le_bytes());
+            out.extend_from_slice(&(ne0 as u64).to_le_bytes());
+            out.extend_from_slice(&2u64.to_le_bytes());
+            out.extend_from_slice(&ty.to_le_bytes());
+            out.extend_from_slice(&0u64.to_le_bytes()); // offset
+            out.resize(out.len().next_multiple_of(32), 0);
+            for _ in 0..ne0 / per * size * 2 {
+                // xorshift: fixed, varied block bytes.
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                out.push(state as u8);
+            }
+            (format!("one-{name}.gguf"), out)
+        })
+        .collect()
+}
+
 /// A console theme file.
 pub fn theme(data: &[u8]) {
     let text = String::from_utf8_lossy(data);

@@ -27,10 +27,15 @@ fn inputs(kind: &str, target: &str) -> Vec<PathBuf> {
 #[test]
 fn every_seed_corpus_input_and_past_crash_replays_cleanly() {
     let mut total = 0;
+    // The GGUF seeds are built, not committed (no model file in the tree).
+    for (name, data) in den_fuzzing::gguf_seeds() {
+        let outcome = std::panic::catch_unwind(|| den_fuzzing::gguf(&data));
+        assert!(outcome.is_ok(), "gguf failed on the built seed {name}");
+    }
     for (target, run) in den_fuzzing::TARGETS {
         let seeds = inputs("seeds", target);
         assert!(
-            !seeds.is_empty(),
+            *target == "gguf" || !seeds.is_empty(),
             "fuzz/seeds/{target} is empty: run fuzz/seed"
         );
         for kind in ["seeds", "corpus", "regressions"] {
@@ -55,11 +60,16 @@ fn every_seed_corpus_input_and_past_crash_replays_cleanly() {
 /// than from rejections.
 #[test]
 fn the_seeds_are_inputs_the_decoders_accept() {
-    for path in inputs("seeds", "gguf") {
-        let data = std::fs::read(&path).unwrap();
-        let file = den_model::gguf::GgufFile::from_bytes("seed", data)
-            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        assert_eq!(file.tensor_views().count(), 1, "{}", path.display());
+    let built = den_fuzzing::gguf_seeds();
+    assert_eq!(built.len(), 9, "one seed per tensor type den reads");
+    for (name, data) in built {
+        let file = den_model::gguf::GgufFile::from_bytes(name.as_str(), data)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let tensor = file.tensor_views().next().expect("one tensor");
+        let mut row = vec![0f32; 256];
+        tensor
+            .dequantize_row(1, &mut row)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
     }
     let me = den_protocol::ids::WorkerId::new("near");
     for path in inputs("seeds", "wire") {
@@ -84,6 +94,21 @@ fn the_seeds_are_inputs_the_decoders_accept() {
     for path in inputs("seeds", "theme") {
         let text = std::fs::read_to_string(&path).unwrap();
         den_console::theme::Theme::parse(&text, "seed").unwrap();
+    }
+}
+
+/// Writes the built GGUF seeds for libFuzzer (`fuzz/seed` runs it; they are not
+/// committed: fuzz/.gitignore). Not a check.
+#[test]
+#[ignore = "exports fuzz seeds; fuzz/seed runs it"]
+fn export_gguf_fuzz_seeds() {
+    let Some(dir) = std::env::var_os("DEN_FUZZ_SEEDS") else {
+        return;
+    };
+    let dir = Path::new(&dir).join("gguf");
+    std::fs::create_dir_all(&dir).unwrap();
+    for (name, data) in den_fuzzing::gguf_seeds() {
+        std::fs::write(dir.join(name), data).unwrap();
     }
 }
 
