@@ -31,8 +31,19 @@ pub async fn restore_setup(router_args: &[&str], tokens: &[u32]) -> (Router, Wor
     // upload), inflated on a loaded machine, are compared with w-b's declared ones, and
     // that margin was erased (w-b was chosen first and w-a never saw the request). After
     // the fault w-b restores from objects and prefills the few tokens after the chunks.
-    let mut b_args: Vec<&str> = vec!["--prefill-ms-per-token", "200"];
-    b_args.extend(args.iter().copied().skip(2));
+    // And its first token is declared 10× dearer than w-a's default: a full restore needs
+    // no prefill, and w-a's *measured* first-token cost (4 ms on a loaded machine) against
+    // w-b's declared 2 ms once handed w-b the first offer anyway (a full run, 2026-12-03).
+    let b_args: Vec<&str> = vec![
+        "--prefill-ms-per-token",
+        "200",
+        "--first-token-ms",
+        "20",
+        "--decode-ms-per-token",
+        "1",
+        "--object-store",
+        objects.as_str(),
+    ];
     let b = start_worker(&router, "w-b", true, &b_args);
     router.wait_workers(&["w-a", "w-b"]).await;
     evict_and_wait(&router, &a).await;
