@@ -58,11 +58,19 @@ fn source(id: &str, kind: SourceKind, url: &str) -> SessionEvent {
     }
 }
 
+/// The captured state as answered now: the host's clock reads 1.2 s after the newest
+/// `lastSeen` the capture holds (Skulk's sightings lag its answers by about that much).
 fn state_event(id: &str, state: &State, latency_ms: u64) -> SessionEvent {
+    let newest = state
+        .last_seen
+        .values()
+        .filter_map(|t| den_protocol::time::rfc3339_unix_ms(t))
+        .max();
     SessionEvent::SkulkState {
         source: id.into(),
         state: Box::new(state.clone()),
         latency_ms,
+        received_unix_ms: newest.map(|t| t + 1_200),
     }
 }
 

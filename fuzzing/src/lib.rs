@@ -143,6 +143,7 @@ pub fn skulk(data: &[u8]) {
                         source: SourceId::new("skulk"),
                         state: Box::new(state),
                         latency_ms: 1,
+                        received_unix_ms: None,
                     },
                 });
                 model.settle();

@@ -149,6 +149,10 @@ pub enum SessionEvent {
         source: SourceId,
         state: Box<State>,
         latency_ms: u64,
+        /// This host's wall clock when the answer arrived (UNIX ms): what the state's
+        /// `lastSeen` times are compared with. Recorded, so a replay shows the same ages.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        received_unix_ms: Option<u64>,
     },
     /// A poll of `endpoint` (e.g. `/state`) failed within its deadline.
     PollFailed {
@@ -272,6 +276,7 @@ mod tests {
                 source: source.clone(),
                 state: Box::default(),
                 latency_ms: 12,
+                received_unix_ms: None,
             },
             SessionEvent::PollFailed {
                 source,

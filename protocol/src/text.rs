@@ -109,6 +109,22 @@ fn skip_string(chars: &mut Chars<'_>) {
     }
 }
 
+/// `512 B`, `1.5 KiB`, `12.0 MiB`, `1.2 GiB`, `3.4 TiB`.
+pub fn bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    match (unit, UNITS.get(unit)) {
+        (0, _) => format!("{b} B"),
+        (_, Some(u)) => format!("{v:.1} {u}"),
+        (_, None) => format!("{b} B"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -70,9 +70,11 @@ pub fn parse_expiry(s: &str) -> Result<Expiry, String> {
             .ok_or_else(|| format!("{s:?} is not a UNIX time: give @SECONDS"));
     }
     if s.contains('T') {
-        return rfc3339_unix_ms(s).map(Expiry::AtUnixMs).ok_or_else(|| {
-            format!("{s:?} is not an RFC 3339 time: give e.g. 2026-12-31T23:00:00Z")
-        });
+        return den_protocol::time::rfc3339_unix_ms(s)
+            .map(Expiry::AtUnixMs)
+            .ok_or_else(|| {
+                format!("{s:?} is not an RFC 3339 time: give e.g. 2026-12-31T23:00:00Z")
+            });
     }
     crate::config::parse_duration(s)
         .map(Expiry::In)
@@ -81,64 +83,6 @@ pub fn parse_expiry(s: &str) -> Result<Expiry, String> {
                 "{s:?} is not an expiry: give a duration (30m), @UNIX_SECONDS or an RFC 3339 time"
             )
         })
-}
-
-/// `YYYY-MM-DDTHH:MM:SS[.fff](Z|±HH:MM)` → UNIX ms.
-fn rfc3339_unix_ms(s: &str) -> Option<u64> {
-    let (date, time) = s.split_once(['T', 't'])?;
-    let mut d = date.split('-');
-    let (y, mo, da): (i64, u32, u32) = (
-        d.next()?.parse().ok()?,
-        d.next()?.parse().ok()?,
-        d.next()?.parse().ok()?,
-    );
-    if d.next().is_some() || !(1..=12).contains(&mo) || !(1..=31).contains(&da) {
-        return None;
-    }
-    let (clock, offset_s) = if let Some(c) = time.strip_suffix(['Z', 'z']) {
-        (c, 0i64)
-    } else {
-        let at = time.rfind(['+', '-'])?;
-        let (c, off) = time.split_at(at);
-        let sign = if off.starts_with('-') { -1 } else { 1 };
-        let (oh, om) = off.get(1..)?.split_once(':')?;
-        let (oh, om): (i64, i64) = (oh.parse().ok()?, om.parse().ok()?);
-        if oh > 23 || om > 59 {
-            return None;
-        }
-        (c, sign * (oh * 3600 + om * 60))
-    };
-    let (hms, frac) = clock.split_once('.').unwrap_or((clock, ""));
-    let mut t = hms.split(':');
-    let (h, mi, se): (i64, i64, i64) = (
-        t.next()?.parse().ok()?,
-        t.next()?.parse().ok()?,
-        t.next()?.parse().ok()?,
-    );
-    if t.next().is_some() || h > 23 || mi > 59 || se > 60 {
-        return None;
-    }
-    let ms: i64 = if frac.is_empty() {
-        0
-    } else if frac.bytes().all(|b| b.is_ascii_digit()) {
-        let digits: String = frac.chars().chain("000".chars()).take(3).collect();
-        digits.parse().ok()?
-    } else {
-        return None;
-    };
-    let secs = days_from_civil(y, mo, da) * 86_400 + h * 3600 + mi * 60 + se - offset_s;
-    u64::try_from(secs.checked_mul(1000)?.checked_add(ms)?).ok()
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
-fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let m = i64::from(m);
-    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + i64::from(d) - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
 }
 
 /// A value-taking palette flag.

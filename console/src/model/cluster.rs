@@ -76,6 +76,20 @@ impl Model {
                 ),
             };
             let mut observed_at = workers.iter().map(|(_, t)| t.received_at).max();
+            // The source's own `lastSeen`, on this session's clock: the state arrived at
+            // `at` (logical) and `clock` (wall); `lastSeen` is that much older.
+            let mut source_seen_at: Option<Millis> = None;
+            for (id, at, state) in &states {
+                let (Some(clock), Some(seen)) = (self.state_clock(id), state.last_seen.get(&node))
+                else {
+                    continue;
+                };
+                let Some(seen) = den_protocol::time::rfc3339_unix_ms(seen) else {
+                    continue;
+                };
+                let seen_at = Millis(at.0.saturating_sub(clock.saturating_sub(seen)));
+                source_seen_at = source_seen_at.max(Some(seen_at));
+            }
             // The freshest state that reports the node's resources.
             let mut resources: Option<(Millis, &State)> = None;
             for (_, at, state) in &states {
@@ -90,10 +104,54 @@ impl Model {
             }
             let memory = resources.and_then(|(_, s)| s.node_memory.get(&node));
             let system = resources.and_then(|(_, s)| s.node_system.get(&node));
-            let name = resources
-                .and_then(|(_, s)| s.node_identities.get(&node))
+            let ident = resources.and_then(|(_, s)| s.node_identities.get(&node));
+            let name = ident
                 .map(|i| i.friendly_name.clone())
                 .filter(|n| !n.is_empty());
+            let known = |v: &str| (!v.is_empty() && v != "unknown").then(|| v.to_owned());
+            let os = ident.and_then(|i| {
+                let parts: Vec<String> = [
+                    known(&i.os_version),
+                    known(&i.os_build_version),
+                    known(&i.chip_id),
+                    known(&i.model_id).filter(|m| m != "Unknown Model"),
+                ]
+                .into_iter()
+                .flatten()
+                .collect();
+                (!parts.is_empty()).then(|| parts.join(", "))
+            });
+            let version = ident.map(
+                |i| match (known(&i.skulk_version), known(&i.skulk_commit)) {
+                    (Some(v), Some(c)) => format!("skulk {v} ({c})"),
+                    (Some(v), None) => format!("skulk {v}"),
+                    (None, Some(c)) => format!("skulk commit {c}"),
+                    (None, None) => "skulk version not reported".to_owned(),
+                },
+            );
+            let disk = resources.and_then(|(_, s)| s.node_disk.get(&node));
+            let health_reasons: Vec<String> = resources
+                .and_then(|(_, s)| s.node_health.get(&node))
+                .map(|h| {
+                    h.reasons
+                        .iter()
+                        .map(|r| {
+                            let message = if r.message.is_empty() {
+                                r.code.clone()
+                            } else {
+                                r.message.clone()
+                            };
+                            match r.remediation.as_deref().filter(|m| !m.is_empty()) {
+                                Some(fix) => format!("{message} — {fix}"),
+                                None => message,
+                            }
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            let health_level = resources
+                .and_then(|(_, s)| s.node_health.get(&node))
+                .map(|h| h.level.to_string());
             let health = resources
                 .and_then(|(_, s)| s.node_health.get(&node))
                 .map(|h| {
@@ -147,6 +205,7 @@ impl Model {
                 membership,
                 membership_reasons,
                 observed_at,
+                source_seen_at,
                 ram_available: memory.map(|m| m.ram_available.in_bytes),
                 ram_total: memory.map(|m| m.ram_total.in_bytes),
                 gpu_usage: system.map(|s| s.gpu_usage),
@@ -157,6 +216,12 @@ impl Model {
                 workers: workers.iter().map(|(w, _)| (*w).clone()).collect(),
                 draining,
                 health,
+                health_level,
+                health_reasons,
+                system: os,
+                version,
+                disk_available: disk.map(|d| d.available.in_bytes),
+                disk_total: disk.map(|d| d.total.in_bytes),
                 level,
             });
         }

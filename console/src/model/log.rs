@@ -95,6 +95,16 @@ impl Model {
                     Level::Unknown,
                     format!("{endpoint} answers as node {observed}, bound to {expected}"),
                 ),
+                Notice::NodeRestarted {
+                    endpoint,
+                    previous,
+                    node,
+                } => (
+                    Level::Warn,
+                    format!(
+                        "{endpoint} restarted: node {previous} left, node {node} joined at the same endpoint (a new node id)"
+                    ),
+                ),
             };
             self.log_line(at, Some(source), level, text);
         }

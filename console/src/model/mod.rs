@@ -102,6 +102,9 @@ struct SourceTrack {
     router: Option<NodeId>,
     /// When the latest `/state` arrived.
     state_at: Option<Millis>,
+    /// This host's wall clock then (UNIX ms), to age the state's `lastSeen` times.
+    #[serde(default)]
+    state_clock: Option<u64>,
 }
 
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -205,6 +208,9 @@ impl Model {
     pub fn new(config: ModelConfig) -> Model {
         let evidence = EvidenceReducer::new(EvidenceConfig {
             stale_after_ms: config.stale_after_ms,
+            // An observer follows a Skulk node through its restarts (a new node id at
+            // the same endpoint); placements keep the sticky conflict.
+            follow_restarts: true,
             ..EvidenceConfig::default()
         });
         Model {
@@ -255,7 +261,8 @@ impl Model {
                 source,
                 state,
                 latency_ms,
-            } => self.state(at, source, state, *latency_ms),
+                received_unix_ms,
+            } => self.state(at, source, state, *latency_ms, *received_unix_ms),
             SessionEvent::PollFailed {
                 source,
                 endpoint,
@@ -387,6 +394,11 @@ impl Model {
     }
 
     /// The latest `/state` of a source and when it arrived.
+    /// This host's wall clock (UNIX ms) when the source's latest `/state` arrived.
+    pub fn state_clock(&self, source: &SourceId) -> Option<u64> {
+        self.sources.get(source)?.state_clock
+    }
+
     pub fn state_of(&self, source: &SourceId) -> Option<(Millis, &State)> {
         let at = self.sources.get(source)?.state_at?;
         let state = self

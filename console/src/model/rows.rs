@@ -186,6 +186,9 @@ pub struct NodeRow {
     pub membership_reasons: Vec<String>,
     /// The latest time any source reported the node (topology or heartbeat).
     pub observed_at: Option<Millis>,
+    /// When the node was last seen by the source itself (Skulk's `lastSeen`), on this
+    /// session's clock; `None` where no source sends one.
+    pub source_seen_at: Option<Millis>,
     pub ram_available: Option<u64>,
     pub ram_total: Option<u64>,
     pub gpu_usage: Option<f64>,
@@ -196,6 +199,16 @@ pub struct NodeRow {
     pub draining: bool,
     /// `nodeHealth` as `level: reason, …`.
     pub health: Option<String>,
+    /// `nodeHealth[node].level` alone (`ok`, `warn`, `error`).
+    pub health_level: Option<String>,
+    /// Each health reason as `message — remediation` (the code where no message).
+    pub health_reasons: Vec<String>,
+    /// OS, build, chip and machine model from `nodeIdentities`, where reported.
+    pub system: Option<String>,
+    /// The Skulk version and commit the node reports.
+    pub version: Option<String>,
+    pub disk_available: Option<u64>,
+    pub disk_total: Option<u64>,
     pub level: Level,
 }
 

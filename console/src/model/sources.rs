@@ -28,6 +28,7 @@ impl Model {
                 pending_node: None,
                 router: None,
                 state_at: None,
+                state_clock: None,
             })
     }
 
@@ -99,10 +100,12 @@ impl Model {
 
     pub(super) fn node_id(&mut self, at: Millis, source: &SourceId, node: &NodeId) {
         let track = self.source_mut(source);
-        let changed = track.node.as_ref() != Some(node);
+        // A later change is a restart or a conflict: the evidence reducer decides which
+        // and says so when the state of the same cycle arrives.
+        let first = track.node.is_none();
         track.node = Some(node.clone());
         track.pending_node = Some(node.clone());
-        if changed {
+        if first {
             self.log_line(
                 at,
                 Some(source),
@@ -112,7 +115,14 @@ impl Model {
         }
     }
 
-    pub(super) fn state(&mut self, at: Millis, source: &SourceId, state: &State, latency_ms: u64) {
+    pub(super) fn state(
+        &mut self,
+        at: Millis,
+        source: &SourceId,
+        state: &State,
+        latency_ms: u64,
+        received_unix_ms: Option<u64>,
+    ) {
         let track = self.source_mut(source);
         let first = track.state_at.is_none();
         let recovered = matches!(track.api, Health::Disconnected { .. });
@@ -120,6 +130,7 @@ impl Model {
         track.latency_ms = Some(latency_ms);
         track.last_ok = Some(at);
         track.state_at = Some(at);
+        track.state_clock = received_unix_ms;
         let node_id = track.pending_node.take();
         self.evidence_at = Some(at);
         let notices = self.evidence.handle(

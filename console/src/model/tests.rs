@@ -8,7 +8,7 @@ use den_protocol::session::{CommandSeq, CommandStatus, SessionEvent, SourceKind,
 use den_protocol::time::Millis;
 
 use super::*;
-use crate::fixtures::{self, ALPHA, BRAVO, SCENARIO_NOW};
+use crate::fixtures::{self, ALPHA, BRAVO, RUN_C_NODE, SCENARIO_NOW};
 use crate::testing::model_of;
 
 static SCENARIO: LazyLock<Vec<Stamped>> =
@@ -210,6 +210,7 @@ fn sources_that_disagree_about_a_download_flag_a_contradiction() {
                 source: "a".into(),
                 state: Box::new(state),
                 latency_ms: 1,
+                received_unix_ms: None,
             },
         ),
         ev(
@@ -218,6 +219,7 @@ fn sources_that_disagree_about_a_download_flag_a_contradiction() {
                 source: "b".into(),
                 state: Box::new(other),
                 latency_ms: 1,
+                received_unix_ms: None,
             },
         ),
     ];
@@ -262,6 +264,7 @@ fn an_unprobed_instance_is_never_ready_and_a_probe_makes_it_ready() {
                 source: "mgmt".into(),
                 state: Box::new(state),
                 latency_ms: 3,
+                received_unix_ms: None,
             },
         ),
     ];
@@ -332,6 +335,7 @@ fn inference_a_den_router_attributes_to_the_current_runner_counts_as_a_probe() {
                     source: "mgmt".into(),
                     state: Box::new(state),
                     latency_ms: 3,
+                    received_unix_ms: None,
                 },
             ),
         ];
@@ -489,4 +493,79 @@ fn the_event_log_is_bounded() {
     }
     assert!(model.events().len() <= 13);
     assert_eq!(model.events().last().map(|e| e.seq), Some(100));
+}
+
+/// Skulk 1.3.0 makes a new node id at every start. The captures runA and runC are two
+/// starts of the same node: polled through one source, the console follows the restart
+/// (the old id leaves, the new one joins, one event says so) instead of staying bound to
+/// an id nothing answers for.
+#[test]
+fn a_skulk_restart_is_followed_not_a_sticky_conflict() {
+    const RUN_A_NODE: &str = "12D3KooWDWXLYXk5Q7ZmwcgDa8PJxjGMeKYXUNnkv3PfsMiTCo53";
+    let before = fixtures::skulk_state("runA/state_idle.json").expect("state");
+    let after = fixtures::skulk_state("runC/state_idle.json").expect("state");
+    let poll = |at: u64, node: &str, state: &den_protocol::skulk::State| {
+        [
+            ev(
+                at,
+                SessionEvent::SkulkNodeId {
+                    source: "skulk".into(),
+                    node: node.into(),
+                },
+            ),
+            ev(
+                at + 5,
+                SessionEvent::SkulkState {
+                    source: "skulk".into(),
+                    state: Box::new(state.clone()),
+                    latency_ms: 2,
+                    received_unix_ms: None,
+                },
+            ),
+        ]
+    };
+    let mut events = vec![ev(
+        0,
+        SessionEvent::SourceAdded {
+            source: "skulk".into(),
+            kind: SourceKind::Skulk,
+            url: "http://127.0.0.1:52415".into(),
+        },
+    )];
+    events.extend(poll(100, RUN_A_NODE, &before));
+    events.extend(poll(2_100, RUN_A_NODE, &before));
+    let model = model_of(&events);
+    assert!(
+        model
+            .views()
+            .nodes
+            .iter()
+            .any(|n| n.node.as_str() == RUN_A_NODE)
+    );
+
+    events.extend(poll(4_100, RUN_C_NODE, &after));
+    let model = model_of(&events);
+    let ids: Vec<&str> = model
+        .views()
+        .nodes
+        .iter()
+        .map(|n| n.node.as_str())
+        .collect();
+    assert_eq!(ids, [RUN_C_NODE], "the old id left, the new one joined");
+    let node = node(&model, RUN_C_NODE);
+    assert_eq!(
+        node.identity,
+        Identity::Bound {
+            source: "skulk".into()
+        }
+    );
+    assert!(matches!(node.membership, MembershipView::Member { .. }));
+    let restarts: Vec<&str> = model
+        .events()
+        .iter()
+        .map(|e| e.text.as_str())
+        .filter(|t| t.contains("restarted"))
+        .collect();
+    assert_eq!(restarts.len(), 1, "{restarts:?}");
+    assert!(restarts[0].contains(RUN_A_NODE) && restarts[0].contains(RUN_C_NODE));
 }

@@ -460,6 +460,7 @@ fn state_event(source: &str, state: &State, latency_ms: u64) -> SessionEvent {
         source: source.into(),
         state: Box::new(state.clone()),
         latency_ms,
+        received_unix_ms: None,
     }
 }
 

@@ -183,6 +183,7 @@ fn secrets_and_payloads_never_reach_the_file() {
                 source: "mgmt".into(),
                 state: Box::new(state),
                 latency_ms: 3,
+                received_unix_ms: None,
             },
         ),
         Stamped::new(

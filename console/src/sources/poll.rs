@@ -37,6 +37,7 @@ pub async fn run(
                 source: source.clone(),
                 state: Box::new(state),
                 latency_ms: millis(latency),
+                received_unix_ms: unix_ms(),
             },
             Err(e) => SessionEvent::PollFailed {
                 source: source.clone(),
@@ -50,6 +51,13 @@ pub async fn run(
         }
         tokio::time::sleep(interval.saturating_sub(started.elapsed())).await;
     }
+}
+
+fn unix_ms() -> Option<u64> {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()?;
+    u64::try_from(since.as_millis()).ok()
 }
 
 fn millis(d: Duration) -> u64 {

@@ -329,8 +329,9 @@ fn table<S: PanelSpec>(title: &str, g: &Gathered, theme: &Theme) -> String {
     let columns = fit_columns(S::columns(), TEXT_WIDTH);
     let cell = |text: &str, width: u16| {
         let w = usize::from(width);
-        let t: String = text.chars().take(w).collect();
-        format!("{t:<w$}")
+        let t = crate::ui::cells::elide(text, w);
+        let pad = w.saturating_sub(unicode_width::UnicodeWidthStr::width(t.as_str()));
+        format!("{t}{:pad$}", "")
     };
     let header: Vec<String> = columns.iter().map(|(c, w)| cell(c.title, *w)).collect();
     out.push_str(header.join(" ").trim_end());

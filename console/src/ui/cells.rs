@@ -67,25 +67,11 @@ pub fn deadline(at: Millis, now: Millis, theme: &Theme) -> Line<'static> {
     }
 }
 
-/// `512 B`, `1.5 KiB`, `12.0 MiB`, `1.2 GiB`, `3.4 TiB`.
-pub fn bytes(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut unit = 0;
-    while v >= 1024.0 && unit + 1 < UNITS.len() {
-        v /= 1024.0;
-        unit += 1;
-    }
-    match (unit, UNITS.get(unit)) {
-        (0, _) => format!("{b} B"),
-        (_, Some(u)) => format!("{v:.1} {u}"),
-        (_, None) => format!("{b} B"),
-    }
-}
+pub use den_protocol::text::bytes;
 
-/// Compact bytes without a space: `1.2G`, `640M`, `12K`, `512B`.
+/// Compact bytes in binary units without a space: `1.2Gi`, `640Mi`, `12Ki`, `512B`.
 pub fn bytes_short(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "K", "M", "G", "T"];
+    const UNITS: [&str; 5] = ["B", "Ki", "Mi", "Gi", "Ti"];
     let mut v = b as f64;
     let mut unit = 0;
     while v >= 1024.0 && unit + 1 < UNITS.len() {
@@ -257,10 +243,94 @@ mod tests {
         assert_eq!(age(61_000), "1m");
         assert_eq!(bytes(1536), "1.5 KiB");
         assert_eq!(bytes(12), "12 B");
-        assert_eq!(bytes_short(3 * 1024 * 1024 * 1024), "3.0G");
+        assert_eq!(bytes_short(3 * 1024 * 1024 * 1024), "3.0Gi");
         assert_eq!(ms(20.84), "20.8ms");
         assert_eq!(ms(12_500.0), "12.5s");
         assert_eq!(sparkline(&[0, 50, 100], 5), "  ▁▅█");
         assert_eq!(clock(Millis(61_500)), "01:01.5");
+    }
+}
+
+/// Text cut to `width` terminal cells. A single token (an id, a hash, a path) keeps its
+/// head and its tail around a middle `…`, because ids that share a prefix (peer ids all
+/// start `12D3KooW`) differ at the end; a token with `/` (`org/model`, a path) first
+/// loses everything before its last component; text with spaces keeps its head and ends
+/// in `…`.
+/// Text that fits is returned unchanged.
+pub fn elide(s: &str, width: usize) -> String {
+    use unicode_width::UnicodeWidthStr;
+    if s.width() <= width {
+        return s.to_owned();
+    }
+    if width == 0 {
+        return String::new();
+    }
+    let budget = width - 1;
+    if s.contains(char::is_whitespace) {
+        return format!("{}…", take_cells(s.chars(), budget));
+    }
+    // `org/model`, a path: the last component names the thing; the owner goes first.
+    if let Some((_, last)) = s.rsplit_once('/')
+        && !last.is_empty()
+    {
+        return elide(last, width);
+    }
+    let tail_cells = budget / 2;
+    let head = take_cells(s.chars(), budget - tail_cells);
+    let tail: String = take_cells(s.chars().rev(), tail_cells)
+        .chars()
+        .rev()
+        .collect();
+    format!("{head}…{tail}")
+}
+
+fn take_cells(chars: impl Iterator<Item = char>, cells: usize) -> String {
+    use unicode_width::UnicodeWidthChar;
+    let mut out = String::new();
+    let mut used = 0;
+    for c in chars {
+        let w = c.width().unwrap_or(0);
+        if used + w > cells {
+            break;
+        }
+        used += w;
+        out.push(c);
+    }
+    out
+}
+
+/// A cell's line cut to `width` cells by [`elide`], keeping the first span's style.
+pub fn elide_line(line: Line<'static>, width: u16) -> Line<'static> {
+    let width = usize::from(width);
+    if line.width() <= width {
+        return line;
+    }
+    let style = line.spans.first().map(|s| s.style).unwrap_or_default();
+    let text: String = line.spans.iter().map(|s| s.content.as_ref()).collect();
+    Line::from(Span::styled(elide(&text, width), style)).style(line.style)
+}
+
+#[cfg(test)]
+mod elide_tests {
+    use super::elide;
+
+    #[test]
+    fn ids_keep_head_and_tail_text_keeps_its_head() {
+        let id = "12D3KooWS5hbRfsg4cwEX7pKogLSmR1udPzi5g68xyrDuoCesy1L";
+        assert_eq!(elide(id, 52), id);
+        let cut = elide(id, 24);
+        assert_eq!(cut.chars().count(), 24);
+        assert_eq!(cut, "12D3KooWS5hb…yrDuoCesy1L");
+        assert!(cut.ends_with("Cesy1L") && cut.starts_with("12D3KooW"));
+        assert_eq!(elide("not ready: download", 12), "not ready: …");
+        assert_eq!(
+            elide("mlx-community/Meta-Llama-3.1-8B-Instruct-4bit", 20),
+            "Meta-Llama…ruct-4bit"
+        );
+        assert_eq!(elide("mlx-community/Qwen3-0.6B", 20), "Qwen3-0.6B");
+        assert_eq!(elide("東京東京東京", 5), "東…京");
+        assert_eq!(elide("東京 東京 東京", 6), "東京 …");
+        assert_eq!(elide("abc", 0), "");
+        assert_eq!(elide("abcdef", 1), "…");
     }
 }

@@ -112,8 +112,8 @@ pub fn draw<S: PanelSpec>(
             head,
         };
         let stale = S::stale(row, &ctx);
-        let cells = columns.iter().map(|(c, _)| {
-            let line = (c.cell)(row, &ctx);
+        let cells = columns.iter().map(|(c, w)| {
+            let line = super::cells::elide_line((c.cell)(row, &ctx), *w);
             if pos == selected {
                 restyle(line, theme.selection().add_modifier(Modifier::BOLD))
             } else if stale {

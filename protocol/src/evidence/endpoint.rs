@@ -46,6 +46,13 @@ impl Freshness {
     }
 }
 
+/// What a `/node_id` answer changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Bind {
+    Conflict { expected: NodeId, observed: NodeId },
+    Restarted { previous: NodeId, node: NodeId },
+}
+
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub(crate) struct EndpointTrack {
     pub expected: Option<NodeId>,
@@ -64,17 +71,46 @@ impl EndpointTrack {
         }
     }
 
-    /// Records a `/node_id` answer. Returns `(expected, observed)` when this creates a
-    /// new conflict.
-    pub fn bind(&mut self, observed: NodeId) -> Option<(NodeId, NodeId)> {
+    /// Records a `/node_id` answer.
+    ///
+    /// An endpoint registered with an expected node (a placement bound to a resource)
+    /// that answers as another is a sticky conflict. One registered without, that later
+    /// answers as another node than it was bound to, is a conflict too unless
+    /// `follow_restarts`: an observer (the console) follows the endpoint to its new
+    /// node (Skulk 1.3.0 makes a new node id at every start), dropping what the old node
+    /// said, and is told so.
+    pub fn bind(&mut self, observed: NodeId, follow_restarts: bool) -> Option<Bind> {
         if self.conflict.is_some() {
             return None;
         }
-        let reference = self.bound.clone().or_else(|| self.expected.clone());
-        match reference {
-            Some(expected) if expected != observed => {
+        if let Some(expected) = &self.expected {
+            if *expected != observed {
                 self.conflict = Some((expected.clone(), observed.clone()));
-                Some((expected, observed))
+                return Some(Bind::Conflict {
+                    expected: expected.clone(),
+                    observed,
+                });
+            }
+            self.bound = Some(observed);
+            return None;
+        }
+        match self.bound.take() {
+            Some(previous) if previous != observed => {
+                if follow_restarts {
+                    self.bound = Some(observed.clone());
+                    self.state = None;
+                    Some(Bind::Restarted {
+                        previous,
+                        node: observed,
+                    })
+                } else {
+                    self.bound = Some(previous.clone());
+                    self.conflict = Some((previous.clone(), observed.clone()));
+                    Some(Bind::Conflict {
+                        expected: previous,
+                        observed,
+                    })
+                }
             }
             _ => {
                 self.bound = Some(observed);

@@ -49,7 +49,7 @@ pub use verdict::{Verdict, VerdictKind};
 
 use assess::{Context, dedup};
 use download::{DownloadTrack, Sample};
-use endpoint::EndpointTrack;
+use endpoint::{Bind, EndpointTrack};
 use verdict::{Phase, Transition, advance};
 
 string_id!(
@@ -80,6 +80,11 @@ pub struct EvidenceConfig {
     pub attempt_policy: AttemptPolicy,
     /// Track every instance seen in any state (a console), or only expected ones.
     pub track_all_instances: bool,
+    /// An endpoint registered without an expected node that answers as a new node id is
+    /// followed (an observer watching a Skulk node restart) instead of becoming a sticky
+    /// conflict (a placement, whose instance lived on the old node).
+    #[serde(default)]
+    pub follow_restarts: bool,
 }
 
 impl Default for EvidenceConfig {
@@ -90,6 +95,7 @@ impl Default for EvidenceConfig {
             recovery_deadline_ms: 2 * 60_000,
             attempt_policy: AttemptPolicy::LegacyDialectOnly,
             track_all_instances: true,
+            follow_restarts: false,
         }
     }
 }
@@ -208,6 +214,13 @@ pub enum Notice {
         expected: NodeId,
         observed: NodeId,
     },
+    /// An unpinned endpoint now answers as a new node id (with `follow_restarts`): the
+    /// previous node left with everything it said, the new one joins.
+    NodeRestarted {
+        endpoint: EndpointLabel,
+        previous: NodeId,
+        node: NodeId,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -314,14 +327,22 @@ impl EvidenceReducer {
             result,
         } = observation;
         let track = self.endpoints.entry(endpoint.clone()).or_default();
-        if let Some(node) = node_id
-            && let Some((expected, observed)) = track.bind(node)
-        {
-            notices.push(Notice::IdentityConflict {
-                endpoint: endpoint.clone(),
-                expected,
-                observed,
-            });
+        if let Some(node) = node_id {
+            match track.bind(node, self.config.follow_restarts) {
+                Some(Bind::Conflict { expected, observed }) => {
+                    notices.push(Notice::IdentityConflict {
+                        endpoint: endpoint.clone(),
+                        expected,
+                        observed,
+                    })
+                }
+                Some(Bind::Restarted { previous, node }) => notices.push(Notice::NodeRestarted {
+                    endpoint: endpoint.clone(),
+                    previous,
+                    node,
+                }),
+                None => {}
+            }
         }
         let state = match result {
             PollResult::Failed(failure) => {

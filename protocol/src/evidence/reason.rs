@@ -421,10 +421,17 @@ impl fmt::Display for Reason {
                 downloaded,
                 total,
             } => match (downloaded, total) {
+                // Skulk reports a total of 0 until it knows the size: unknown, not zero.
                 (Some(d), Some(t)) => write!(
                     f,
-                    "download on {}: {phase} ({d} of {t})",
-                    short(node.as_str())
+                    "download on {}: {phase} ({} of {})",
+                    short(node.as_str()),
+                    crate::text::bytes(d.in_bytes),
+                    if t.in_bytes == 0 {
+                        "?".to_owned()
+                    } else {
+                        crate::text::bytes(t.in_bytes)
+                    }
                 ),
                 _ => write!(f, "download on {}: {phase}", short(node.as_str())),
             },

@@ -81,6 +81,9 @@ pub enum FailureReason {
     /// The wanted nodes are not in the management API's topology before submission.
     TargetNotInTopology {
         nodes: Vec<NodeId>,
+        /// The nodes the topology does list (so the operator can pick one).
+        #[serde(default)]
+        known: Vec<NodeId>,
     },
     FenceNotPersisted {
         detail: String,
@@ -182,15 +185,24 @@ impl fmt::Display for FailureReason {
                     one_line(detail)
                 )
             }
-            FailureReason::TargetNotInTopology { nodes } => write!(
-                f,
-                "wanted nodes missing from the cluster topology: {}",
-                nodes
-                    .iter()
-                    .map(NodeId::as_str)
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
+            FailureReason::TargetNotInTopology { nodes, known } => {
+                let list = |ids: &[NodeId]| {
+                    ids.iter()
+                        .map(|n| one_line(n.as_str()))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                };
+                write!(
+                    f,
+                    "wanted nodes missing from the cluster topology: {}",
+                    list(nodes)
+                )?;
+                if known.is_empty() {
+                    f.write_str(" (the topology lists no node)")
+                } else {
+                    write!(f, " (it lists {})", list(known))
+                }
+            }
             FailureReason::FenceNotPersisted { detail } => {
                 write!(
                     f,

@@ -3,9 +3,9 @@
 use crate::skulk_support;
 
 use den_protocol::evidence::{
-    AttemptPolicy, Attribution, DownloadState, EndpointLabel, EvidenceConfig, EvidenceReducer,
-    Expectation, Input, Membership, Notice, PollFailure, PollFailureKind, PollObservation,
-    PollResult, ProbeOutcome, Reason, Verdict, VerdictKind,
+    AttemptPolicy, Attribution, Binding, DownloadState, EndpointLabel, EvidenceConfig,
+    EvidenceReducer, Expectation, Input, Membership, Notice, PollFailure, PollFailureKind,
+    PollObservation, PollResult, ProbeOutcome, Reason, Verdict, VerdictKind,
 };
 use den_protocol::ids::NodeId;
 use den_protocol::skulk::{InstanceId, State};
@@ -815,4 +815,79 @@ fn every_reason_renders_on_one_line() {
         let line = r.to_string();
         assert!(!line.contains('\n') && !line.contains('\r'), "{line:?}");
     }
+}
+
+/// An unpinned endpoint that answers as a new node id: a placement (the default) keeps
+/// the sticky conflict, since its instance lived on the old node; an observer with
+/// `follow_restarts` follows the endpoint to the new node and drops the old one's state.
+#[test]
+fn a_new_node_id_is_a_conflict_for_placements_and_a_restart_for_observers() {
+    let poll = |reducer: &mut EvidenceReducer, at: u64, node: &str| {
+        reducer.handle(
+            Millis(at),
+            Input::Poll(PollObservation {
+                endpoint: "anon".into(),
+                node_id: Some(NodeId::from(node)),
+                result: PollResult::State(to_state(ready_state())),
+            }),
+        )
+    };
+    let mut strict = EvidenceReducer::new(EvidenceConfig::default());
+    let notices = poll(&mut strict, 1_000, "12D3KooWFirst");
+    assert!(!notices.iter().any(|n| matches!(
+        n,
+        Notice::IdentityConflict { .. } | Notice::NodeRestarted { .. }
+    )));
+    let notices = poll(&mut strict, 2_000, "12D3KooWSecond");
+    assert!(
+        notices
+            .iter()
+            .any(|n| matches!(n, Notice::IdentityConflict { .. })),
+        "{notices:?}"
+    );
+    // sticky: answering as the first node again does not undo it
+    let _ = poll(&mut strict, 3_000, "12D3KooWFirst");
+    assert!(matches!(
+        strict.report(Millis(3_000)).endpoints[&EndpointLabel::from("anon")].binding,
+        Binding::Conflict { .. }
+    ));
+
+    let mut observer = EvidenceReducer::new(EvidenceConfig {
+        follow_restarts: true,
+        ..EvidenceConfig::default()
+    });
+    let _ = poll(&mut observer, 1_000, "12D3KooWFirst");
+    let notices = poll(&mut observer, 2_000, "12D3KooWSecond");
+    assert!(
+        notices
+            .iter()
+            .any(|n| matches!(n, Notice::NodeRestarted { previous, node, .. }
+            if previous.as_str() == "12D3KooWFirst" && node.as_str() == "12D3KooWSecond")),
+        "{notices:?}"
+    );
+    assert!(
+        !notices
+            .iter()
+            .any(|n| matches!(n, Notice::IdentityConflict { .. }))
+    );
+    assert_eq!(
+        observer.report(Millis(2_000)).endpoints[&EndpointLabel::from("anon")].binding,
+        Binding::Bound(NodeId::from("12D3KooWSecond"))
+    );
+
+    // a pinned endpoint is never followed, observer or not
+    let _ = observer.handle(
+        Millis(2_500),
+        Input::Endpoint {
+            endpoint: "anon".into(),
+            expected_node: Some(NodeId::from("12D3KooWSecond")),
+        },
+    );
+    let notices = poll(&mut observer, 3_000, "12D3KooWThird");
+    assert!(
+        notices
+            .iter()
+            .any(|n| matches!(n, Notice::IdentityConflict { .. })),
+        "{notices:?}"
+    );
 }

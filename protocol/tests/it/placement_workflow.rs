@@ -183,7 +183,7 @@ fn ready_state() -> String {
     v.to_string()
 }
 
-/// Runs identity → requirements (absent) → previews → baseline → fence → POST sent.
+/// Runs identity → requirements (absent) → baseline → previews → fence → POST sent.
 fn submit(d: &mut Driver) {
     d.input(Input::Start(request()));
     d.answer(Method::Get, "/node_id", 200, &read("runC/node_id.json"));
@@ -191,10 +191,10 @@ fn submit(d: &mut Driver) {
     assert_eq!(intent.query_values("model_id"), vec![RUN_C_MODEL]);
     assert_eq!(intent.query_values("context_tokens"), vec!["4096"]);
     d.answer(Method::Get, "/models/requirements", 404, NO_ROUTE);
+    d.answer(Method::Get, "/state", 200, &read("runC/state_idle.json"));
     let (_, intent) = d.pending();
     assert_eq!(intent.query_values("node_ids"), vec![RUN_C_NODE]);
     d.answer(Method::Get, "/instance/previews", 200, &previews_body());
-    d.answer(Method::Get, "/state", 200, &read("runC/state_idle.json"));
     // the fence comes first, and nothing is sent before it is persisted
     let fence = d.fence();
     assert_eq!(d.last.len(), 1, "{:?}", d.last);
@@ -428,13 +428,9 @@ fn placement_preview_whose_node_to_runner_keys_differ_is_not_selected() {
     d.input(Input::Start(two_nodes()));
     d.answer(Method::Get, "/node_id", 200, &format!("\"{ALPHA}\""));
     d.answer(Method::Get, "/models/requirements", 404, NO_ROUTE);
+    let two_node_state = read("derived/state_two_nodes_running.json");
+    d.answer(Method::Get, "/state", 200, &two_node_state);
     d.answer(Method::Get, "/instance/previews", 200, &previews);
-    d.answer(
-        Method::Get,
-        "/state",
-        200,
-        &read("derived/state_two_nodes_running.json"),
-    );
     let fence = d.fence();
     assert_eq!(
         fence.instance_id.as_str(),
@@ -449,6 +445,7 @@ fn placement_preview_whose_node_to_runner_keys_differ_is_not_selected() {
     d.input(Input::Start(only_bravo));
     d.answer(Method::Get, "/node_id", 200, &format!("\"{ALPHA}\""));
     d.answer(Method::Get, "/models/requirements", 404, NO_ROUTE);
+    d.answer(Method::Get, "/state", 200, &two_node_state);
     d.answer(Method::Get, "/instance/previews", 200, &previews);
     match d.outcome() {
         Outcome::Failed {
@@ -596,6 +593,7 @@ fn placement_checks_the_approved_card_digest_and_the_context_limit() {
         200,
         &requirements.to_string(),
     );
+    d.answer(Method::Get, "/state", 200, &read("runC/state_idle.json"));
     d.answer(
         Method::Get,
         "/instance/previews",
@@ -623,6 +621,7 @@ fn placement_checks_the_approved_card_digest_and_the_context_limit() {
     d.input(Input::Start(big));
     d.answer(Method::Get, "/node_id", 200, &read("runC/node_id.json"));
     d.answer(Method::Get, "/models/requirements", 404, NO_ROUTE);
+    d.answer(Method::Get, "/state", 200, &read("runC/state_idle.json"));
     d.answer(Method::Get, "/instance/previews", 200, &previews_body());
     match d.outcome() {
         Outcome::Failed {
@@ -712,4 +711,36 @@ fn placement_identity_mismatch_fails_before_anything_is_sent() {
             .count(),
         1
     );
+}
+
+/// A `--node` the topology does not list fails before any preview is asked for, and
+/// the failure names the nodes the topology does list.
+#[test]
+fn placement_on_a_node_missing_from_the_topology_fails_before_previews() {
+    let mut d = Driver::new(config());
+    let mut typo = request();
+    typo.nodes = BTreeSet::from([NodeId::from("12D3KooWTypo")]);
+    d.input(Input::Start(typo));
+    d.answer(Method::Get, "/node_id", 200, &read("runC/node_id.json"));
+    d.answer(Method::Get, "/models/requirements", 404, NO_ROUTE);
+    d.answer(Method::Get, "/state", 200, &read("runC/state_idle.json"));
+    match d.outcome() {
+        Outcome::Failed {
+            reason: reason @ FailureReason::TargetNotInTopology { .. },
+            ..
+        } => {
+            let line = reason.to_string();
+            assert!(
+                line.contains("12D3KooWTypo") && line.contains(RUN_C_NODE),
+                "{line}"
+            );
+        }
+        other => panic!("{other}"),
+    }
+    assert!(
+        !d.log.iter().any(
+            |e| matches!(e, Effect::Http { intent, .. } if intent.path == "/instance/previews")
+        )
+    );
+    assert_eq!(d.posts(), 0);
 }

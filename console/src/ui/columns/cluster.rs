@@ -106,17 +106,28 @@ const NODE_COLUMNS: &[Column<NodeRow>] = &[
             }
         },
     },
+    // SEEN is the source's own last sighting (Skulk's `lastSeen`), POLL the age of den's
+    // latest answer about the node: a node can answer polls and still be unseen by its
+    // cluster, and the other way round.
     Column {
         title: "SEEN",
         width: 5,
         grow: false,
         priority: 0,
+        sort: Some(|r| SortKey::opt_num(r.source_seen_at.map(|t| -(t.0 as f64)))),
+        cell: |r, c| age_cell(r.source_seen_at, c.now, c.stale_after(), c.theme),
+    },
+    Column {
+        title: "POLL",
+        width: 5,
+        grow: false,
+        priority: 4,
         sort: Some(|r| SortKey::opt_num(r.observed_at.map(|t| -(t.0 as f64)))),
         cell: |r, c| age_cell(r.observed_at, c.now, c.stale_after(), c.theme),
     },
     Column {
         title: "RAM FREE",
-        width: 11,
+        width: 13,
         grow: false,
         priority: 2,
         sort: Some(|r| SortKey::opt_num(r.ram_available.map(|v| v as f64))),
@@ -160,7 +171,7 @@ const NODE_COLUMNS: &[Column<NodeRow>] = &[
             if r.draining {
                 text("draining", c.theme.level(Level::Warn))
             } else {
-                opt_text(r.health.clone(), c.theme.dim(), c.theme)
+                opt_text(r.health_level.clone(), c.theme.dim(), c.theme)
             }
         },
     },
@@ -170,7 +181,7 @@ const NODE_COLUMNS: &[Column<NodeRow>] = &[
         grow: true,
         priority: 3,
         sort: None,
-        cell: |r, c| match r.membership_reasons.first() {
+        cell: |r, c| match r.health_reasons.first().or(r.membership_reasons.first()) {
             Some(reason) => text(reason.clone(), c.theme.level(r.level)),
             None => text(String::new(), c.theme.base()),
         },
@@ -316,7 +327,7 @@ const DOWNLOAD_COLUMNS: &[Column<DownloadRow>] = &[
     },
     Column {
         title: "RATE",
-        width: 7,
+        width: 9,
         grow: false,
         priority: 2,
         sort: Some(|r| SortKey::opt_num(r.rate)),

@@ -199,7 +199,7 @@ impl PlacementWorkflow {
         match self.step {
             Step::Identity => self.on_identity(now, answer),
             Step::Requirements => self.on_requirements(answer),
-            Step::Previews => self.on_previews(answer),
+            Step::Previews => self.on_previews(now, answer),
             Step::Baseline => self.on_baseline(now, answer),
             Step::Submitting => self.on_submitted(now, answer),
             Step::Reconciling => self.on_state(now, answer),

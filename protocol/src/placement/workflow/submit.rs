@@ -129,12 +129,10 @@ impl PlacementWorkflow {
                 detail: answer.failure_detail(),
             }),
         }
-        let Some(request) = &self.request else {
-            return Vec::new();
-        };
-        let intent = HttpIntent::previews(&request.model_id, &request.nodes, []);
-        self.step = Step::Previews;
-        vec![self.http(intent)]
+        // The wanted nodes are checked against the topology before anything is asked
+        // about them: a mistyped `--node` is named as such, not as "no preview".
+        self.step = Step::Baseline;
+        vec![self.http(HttpIntent::state())]
     }
 
     pub(super) fn check_requirements(
@@ -158,7 +156,7 @@ impl PlacementWorkflow {
         None
     }
 
-    pub(super) fn on_previews(&mut self, answer: Answer) -> Vec<Effect> {
+    pub(super) fn on_previews(&mut self, now: Millis, answer: Answer) -> Vec<Effect> {
         let previews = match answer.ok_body() {
             Some(body) => match serde_json::from_str::<PreviewsResponse>(body) {
                 Ok(p) => p,
@@ -199,8 +197,7 @@ impl PlacementWorkflow {
         match select_preview(&previews.previews, &criteria) {
             Ok((_, preview)) => {
                 self.selected = preview.instance.clone();
-                self.step = Step::Baseline;
-                vec![self.http(HttpIntent::state())]
+                self.fence_selected(now)
             }
             Err(rejections) => {
                 self.finish_failed(FailureReason::NoExactPreview { rejections }, false)
@@ -230,12 +227,28 @@ impl PlacementWorkflow {
             .cloned()
             .collect();
         if !missing.is_empty() {
-            return self
-                .finish_failed(FailureReason::TargetNotInTopology { nodes: missing }, false);
+            let known = state.topology.nodes.clone();
+            return self.finish_failed(
+                FailureReason::TargetNotInTopology {
+                    nodes: missing,
+                    known,
+                },
+                false,
+            );
         }
         // The baseline is evidence too: download history from before the submission is
         // then recognisable as such.
         self.feed_poll(now, PollResult::State(Box::new(state)));
+        let intent = HttpIntent::previews(&request.model_id, &request.nodes, []);
+        self.step = Step::Previews;
+        vec![self.http(intent)]
+    }
+
+    /// The fence of the selected preview, persisted before anything is posted.
+    fn fence_selected(&mut self, now: Millis) -> Vec<Effect> {
+        let Some(request) = self.request.clone() else {
+            return Vec::new();
+        };
         let Some(instance) = self.selected.clone() else {
             return Vec::new();
         };
