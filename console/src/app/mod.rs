@@ -336,12 +336,18 @@ impl App {
         self.prepare(model);
         let table = self.table(self.focus);
         let command = match self.focus {
-            Panel::Instances => table
-                .selected_row(&model.views().instances)
-                .map(|r| Command::Delete {
-                    instance: r.instance().to_owned(),
-                })
-                .ok_or("no instance selected"),
+            Panel::Instances => {
+                let rows = &model.views().instances;
+                match table.selected_row(rows) {
+                    Some(r) if is_removed(rows, r.instance()) => {
+                        Err("that instance is already gone from /state: nothing to delete")
+                    }
+                    Some(r) => Ok(Command::Delete {
+                        instance: r.instance().to_owned(),
+                    }),
+                    None => Err("no instance selected"),
+                }
+            }
             Panel::Routes => match table.selected_row(model.routes()) {
                 Some(r) if r.phase.is_live() => Ok(Command::Cancel {
                     request: r.request.to_string(),
@@ -404,3 +410,10 @@ fn selected_key<S: PanelSpec>(table: &TableState, model: &Model) -> Option<Strin
 
 #[cfg(test)]
 mod tests;
+
+/// The instance's row says it left every fresh `/state`.
+fn is_removed(rows: &[crate::model::InstanceRow], instance: &str) -> bool {
+    rows.iter().any(|r| {
+        matches!(r, crate::model::InstanceRow::Instance { instance: i, removed: Some(_), .. } if i == instance)
+    })
+}

@@ -9,13 +9,13 @@ use den_protocol::evidence::{
 };
 use den_protocol::ids::NodeId;
 use den_protocol::observation::PoolStats;
-use den_protocol::session::SourceId;
+use den_protocol::session::{CommandStatus, SourceId};
 use den_protocol::skulk::{DownloadProgress, RunnerPhase, State};
 use den_protocol::time::Millis;
 
 use super::{
     DownloadRow, DownloadStatus, Evidence, Identity, InstanceRow, Level, Mark, MembershipView,
-    Model, NodeRow, VerdictView,
+    Model, NodeRow, Removed, VerdictView,
 };
 
 impl Model {
@@ -34,7 +34,13 @@ impl Model {
             states.iter().map(|(id, at, _)| (id.clone(), *at)).collect();
         let mut instances = Vec::new();
         for instance in report.instances.values() {
-            instance_rows(instance, &state_times, &mut instances);
+            let deleted_here = self.commands.values().any(|c| {
+                c.text == format!("delete {}", instance.instance_id)
+                    && c.outcome
+                        .as_ref()
+                        .is_none_or(|(s, _)| *s != CommandStatus::Failed)
+            });
+            instance_rows(instance, &state_times, deleted_here, &mut instances);
         }
         self.views.downloads = downloads;
         self.views.instances = instances;
@@ -417,6 +423,7 @@ fn merge_download(existing: &mut DownloadRow, new: DownloadRow) {
 fn instance_rows(
     report: &InstanceReport,
     state_times: &BTreeMap<SourceId, Millis>,
+    deleted_here: bool,
     out: &mut Vec<InstanceRow>,
 ) {
     let id = report.instance_id.to_string();
@@ -426,7 +433,13 @@ fn instance_rows(
             endpoints.iter().collect(),
         ),
         Presence::NotYetObserved => ("not yet observed".to_owned(), Vec::new()),
-        Presence::Gone { last_seen } => (format!("gone (last seen {last_seen})"), Vec::new()),
+        Presence::Gone { last_seen } => (
+            format!(
+                "removed (last seen at {})",
+                crate::ui::cells::clock(*last_seen)
+            ),
+            Vec::new(),
+        ),
         Presence::Disputed {
             present_on,
             absent_on,
@@ -469,13 +482,35 @@ fn instance_rows(
         InstanceRow::Assignment { probe, .. } => Some(probe.mark),
         InstanceRow::Instance { .. } => None,
     });
+    let removed = match &report.presence {
+        Presence::Gone { last_seen } => Some(Removed {
+            last_seen: *last_seen,
+            cause: if deleted_here {
+                "deleted through den".to_owned()
+            } else {
+                "no longer in any fresh /state (deleted or failed in the cluster)".to_owned()
+            },
+        }),
+        _ => None,
+    };
+    let mut verdict = verdict_view(&report.verdict, report.awaiting_probe);
+    if let Some(r) = &removed {
+        verdict = VerdictView {
+            kind: "removed".to_owned(),
+            deadline: None,
+            since: Some(r.last_seen),
+            reasons: vec![r.cause.clone()],
+            level: Level::Info,
+        };
+    }
     out.push(InstanceRow::Instance {
         instance: id.clone(),
         model: report.model_id.as_ref().map(ToString::to_string),
         nodes: report.assignments.len(),
         presence,
         context_limit: report.context_token_limit,
-        verdict: verdict_view(&report.verdict, report.awaiting_probe),
+        verdict,
+        removed,
         download,
         runner,
         probe,

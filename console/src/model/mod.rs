@@ -57,6 +57,10 @@ impl Default for ModelConfig {
     }
 }
 
+/// How long a removed instance stays listed (as removed, with its model and cause)
+/// before it ages out.
+pub const REMOVED_KEPT_MS: u64 = 10 * 60_000;
+
 /// Derived rows of the small panels, rebuilt by [`Model::settle`].
 #[derive(Debug, Clone, Default)]
 pub struct Views {
@@ -211,6 +215,7 @@ impl Model {
             // An observer follows a Skulk node through its restarts (a new node id at
             // the same endpoint); placements keep the sticky conflict.
             follow_restarts: true,
+            forget_gone_after_ms: Some(REMOVED_KEPT_MS),
             ..EvidenceConfig::default()
         });
         Model {

@@ -261,6 +261,15 @@ pub struct VerdictView {
     pub level: Level,
 }
 
+/// An instance that left every fresh `/state`. Skulk never brings an instance id
+/// back, so it is shown as removed (no deadline, no delete offered) and then ages out.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Removed {
+    pub last_seen: Millis,
+    /// `deleted through den` when this session sent its delete, else what the cluster did.
+    pub cause: String,
+}
+
 /// One row of the Instances panel: an instance, or one of its assigned nodes.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "row", rename_all = "kebab-case")]
@@ -279,6 +288,8 @@ pub enum InstanceRow {
         failures: Vec<String>,
         /// The newest poll of any source that contributed.
         observed_at: Option<Millis>,
+        /// Gone from every fresh view: when it was last seen and why it went.
+        removed: Option<Removed>,
     },
     Assignment {
         instance: String,

@@ -569,3 +569,89 @@ fn a_skulk_restart_is_followed_not_a_sticky_conflict() {
     assert_eq!(restarts.len(), 1, "{restarts:?}");
     assert!(restarts[0].contains(RUN_A_NODE) && restarts[0].contains(RUN_C_NODE));
 }
+
+/// runC: the instance is created, then deleted (Skulk only acknowledges; /state stops
+/// listing it). The row says removed, keeps its model, counts no deadline, refuses `d`,
+/// and ages out after [`REMOVED_KEPT_MS`].
+#[test]
+fn a_removed_instance_keeps_model_and_cause_then_ages_out() {
+    let created = fixtures::skulk_state("runC/state_after_create_instance.json").expect("state");
+    let deleted = fixtures::skulk_state("runC/state_after_instance_delete.json").expect("state");
+    let id = "cff479d0-3939-4513-8d59-e5b967b6c9ad";
+    let poll = |at: u64, state: &den_protocol::skulk::State| {
+        [
+            ev(
+                at,
+                SessionEvent::SkulkNodeId {
+                    source: "skulk".into(),
+                    node: RUN_C_NODE.into(),
+                },
+            ),
+            ev(
+                at + 5,
+                SessionEvent::SkulkState {
+                    source: "skulk".into(),
+                    state: Box::new(state.clone()),
+                    latency_ms: 2,
+                    received_unix_ms: None,
+                },
+            ),
+        ]
+    };
+    let mut events = vec![ev(
+        0,
+        SessionEvent::SourceAdded {
+            source: "skulk".into(),
+            kind: SourceKind::Skulk,
+            url: "http://127.0.0.1:52415".into(),
+        },
+    )];
+    events.extend(poll(100, &created));
+    events.extend(poll(2_100, &deleted));
+    let row = |m: &Model| {
+        m.views().instances.iter().find_map(|r| match r {
+            InstanceRow::Instance {
+                instance,
+                model,
+                verdict,
+                removed,
+                ..
+            } if instance == id => Some((model.clone(), verdict.clone(), removed.clone())),
+            _ => None,
+        })
+    };
+    let model = model_of(&events);
+    let (name, verdict, removed) = row(&model).expect("still listed");
+    assert_eq!(
+        name.as_deref(),
+        Some("mlx-community/Llama-3.2-1B-Instruct-4bit")
+    );
+    assert_eq!(verdict.kind, "removed");
+    assert_eq!(
+        verdict.deadline, None,
+        "no deadline counts for a removed instance"
+    );
+    let removed = removed.expect("removed");
+    assert_eq!(removed.last_seen, Millis(105));
+    assert!(
+        removed.cause.contains("no longer in any fresh /state"),
+        "{removed:?}"
+    );
+
+    // `d` on it is refused in one line, nothing to confirm
+    let mut app = crate::app::App::focused(crate::app::Panel::Instances);
+    app.prepare(&model);
+    let effects = app.update(crate::app::Action::RowCommand, &model);
+    assert!(effects.is_empty());
+    let flash = app.flash.as_ref().map(|f| f.text.clone());
+    assert!(
+        flash.as_deref().is_some_and(|t| t.contains("already gone")),
+        "{flash:?}"
+    );
+
+    // still listed just before the limit, gone after it
+    events.extend(poll(REMOVED_KEPT_MS, &deleted));
+    assert!(row(&model_of(&events)).is_some());
+    events.extend(poll(REMOVED_KEPT_MS + 200, &deleted));
+    assert!(row(&model_of(&events)).is_none(), "aged out");
+}

@@ -40,8 +40,9 @@ async fn status_against_the_skulk_captures_reports_nodes_downloads_and_verdicts(
         .filter(|r| r["row"] == "instance")
         .filter_map(|r| r["verdict"]["kind"].as_str())
         .collect();
-    // one instance has all evidence but no probe; the other is still downloading
-    assert_eq!(verdicts, ["unprobed", "not ready"]);
+    // one instance has all evidence but no probe; the other's download failed on bravo
+    // (no space left), which Skulk never retries: failed at once, not "not ready … in 14m"
+    assert_eq!(verdicts, ["unprobed", "failed"]);
     let text = snapshot_text(&g);
     assert!(text.contains("INSTANCES (2)"), "{text}");
     assert!(text.contains("No space left on device"), "{text}");

@@ -85,6 +85,10 @@ pub struct EvidenceConfig {
     /// conflict (a placement, whose instance lived on the old node).
     #[serde(default)]
     pub follow_restarts: bool,
+    /// Stop tracking an instance this long after it left every fresh view (an observer
+    /// shows removed instances for a while, then ages them out); `None` keeps them.
+    #[serde(default)]
+    pub forget_gone_after_ms: Option<u64>,
 }
 
 impl Default for EvidenceConfig {
@@ -96,6 +100,7 @@ impl Default for EvidenceConfig {
             attempt_policy: AttemptPolicy::LegacyDialectOnly,
             track_all_instances: true,
             follow_restarts: false,
+            forget_gone_after_ms: None,
         }
     }
 }
@@ -226,6 +231,9 @@ pub enum Notice {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct InstanceTrack {
     first_seen: Millis,
+    /// The model of the latest definition seen (kept after the instance is removed).
+    #[serde(default)]
+    model_id: Option<crate::skulk::ModelId>,
     hard_expiry: Option<Millis>,
     last_present: Option<Millis>,
     /// Since when download, runners and membership agree (the probe aside).
@@ -240,6 +248,7 @@ impl InstanceTrack {
         let deadline = hard_expiry.map_or(deadline, |h| deadline.min(h));
         InstanceTrack {
             first_seen: now,
+            model_id: None,
             hard_expiry,
             last_present: None,
             agreement_since: None,
@@ -418,12 +427,26 @@ impl EvidenceReducer {
                 assessment.presence,
                 Presence::Observed { .. } | Presence::Disputed { .. }
             );
+            if let (Presence::Gone { last_seen }, Some(after)) =
+                (&assessment.presence, self.config.forget_gone_after_ms)
+                && now.since(*last_seen) >= after
+            {
+                self.instances.remove(&id);
+                continue;
+            }
+            let model_id = assessment
+                .core
+                .as_ref()
+                .map(|c| c.shard_assignments.model_id.clone());
             let agreed = assessment.reasons.is_empty();
             let Some(track) = self.instances.get_mut(&id) else {
                 continue;
             };
             if present {
                 track.last_present = Some(now);
+            }
+            if model_id.is_some() {
+                track.model_id = model_id;
             }
             track.agreement_since = if agreed {
                 Some(track.agreement_since.unwrap_or(now))
@@ -496,10 +519,12 @@ impl EvidenceReducer {
         let awaiting_probe = assessment.reasons.is_empty() && !track.verdict.is_ready();
         Some(InstanceReport {
             instance_id: id.clone(),
+            // A removed instance keeps the model it was seen with.
             model_id: assessment
                 .core
                 .as_ref()
-                .map(|c| c.shard_assignments.model_id.clone()),
+                .map(|c| c.shard_assignments.model_id.clone())
+                .or_else(|| track.model_id.clone()),
             first_seen: track.first_seen,
             presence: assessment.presence,
             context_token_limit: assessment.core.as_ref().and_then(|c| c.context_token_limit),

@@ -207,6 +207,19 @@ impl Reason {
         )
     }
 
+    /// Proof of failure, not a wait: Skulk 1.3.0 never retries a failed download and
+    /// never restarts a failed runner, and an `instanceFailures` record is final. The
+    /// verdict is failed at once instead of not ready until the deadline. A failure
+    /// from before the instance (`current: false`) is history and proves nothing.
+    pub fn is_terminal(&self) -> bool {
+        matches!(
+            self,
+            Reason::InstanceFailed { .. }
+                | Reason::RunnerFailed { .. }
+                | Reason::DownloadFailed { current: true, .. }
+        )
+    }
+
     /// Reasons about the inference probe only.
     pub fn is_probe(&self) -> bool {
         matches!(
@@ -217,8 +230,17 @@ impl Reason {
 }
 
 fn short(id: &str) -> &str {
-    // UUIDs and peer ids are long; the first 8 characters identify them on a console.
+    // UUIDs are long; their first 8 characters identify them on a console.
     id.get(..8).unwrap_or(id)
+}
+
+/// A node id cut for a one-line reason: libp2p peer ids all begin `12D3KooW`, so their
+/// head names nothing; `…` and the last 8 characters do.
+fn short_node(id: &str) -> String {
+    match id.char_indices().rev().nth(7) {
+        Some((at, _)) if id.len() > 12 => format!("…{}", &id[at..]),
+        _ => id.to_owned(),
+    }
 }
 
 impl fmt::Display for Reason {
@@ -254,14 +276,14 @@ impl fmt::Display for Reason {
                 write!(
                     f,
                     "node {}: missing from {observer}'s topology",
-                    short(node.as_str())
+                    short_node(node.as_str())
                 )
             }
             Reason::NoLiveResources { node, observer } => {
                 write!(
                     f,
                     "node {}: no live resource observation from {observer} (one-sided)",
-                    short(node.as_str())
+                    short_node(node.as_str())
                 )
             }
             Reason::InstanceNotObserved { instance } => {
@@ -340,7 +362,7 @@ impl fmt::Display for Reason {
             Reason::RunnerBindingInvalid { node, runner } => write!(
                 f,
                 "node {}: runner {} has no shard in runnerToShard",
-                short(node.as_str()),
+                short_node(node.as_str()),
                 short(runner.as_str())
             ),
             Reason::RunnerMissing { node, runner } => {
@@ -348,7 +370,7 @@ impl fmt::Display for Reason {
                     f,
                     "runner {} on {}: no status yet",
                     short(runner.as_str()),
-                    short(node.as_str())
+                    short_node(node.as_str())
                 )
             }
             Reason::RunnerStarting {
@@ -360,7 +382,7 @@ impl fmt::Display for Reason {
                     f,
                     "runner {} on {}: {status}",
                     short(runner.as_str()),
-                    short(node.as_str())
+                    short_node(node.as_str())
                 )
             }
             Reason::RunnerFailed {
@@ -371,7 +393,7 @@ impl fmt::Display for Reason {
                 f,
                 "runner {} on {} failed: {}",
                 short(runner.as_str()),
-                short(node.as_str()),
+                short_node(node.as_str()),
                 one_line(message)
             ),
             Reason::RunnerStopped {
@@ -383,14 +405,14 @@ impl fmt::Display for Reason {
                     f,
                     "runner {} on {}: {status}",
                     short(runner.as_str()),
-                    short(node.as_str())
+                    short_node(node.as_str())
                 )
             }
             Reason::RunnerUnknownStatus { node, runner, tag } => write!(
                 f,
                 "runner {} on {}: unknown status {tag}",
                 short(runner.as_str()),
-                short(node.as_str())
+                short_node(node.as_str())
             ),
             Reason::RunnerContradiction {
                 node,
@@ -400,20 +422,20 @@ impl fmt::Display for Reason {
                 f,
                 "runner {} on {}: views disagree ({})",
                 short(runner.as_str()),
-                short(node.as_str()),
+                short_node(node.as_str()),
                 one_line(detail)
             ),
             Reason::DownloadMissing { node, model } => {
                 write!(
                     f,
                     "download of {model} on {}: no record",
-                    short(node.as_str())
+                    short_node(node.as_str())
                 )
             }
             Reason::ArtifactMismatch { node, model } => write!(
                 f,
                 "download of {model} on {}: records are for a different card",
-                short(node.as_str())
+                short_node(node.as_str())
             ),
             Reason::DownloadInProgress {
                 node,
@@ -425,7 +447,7 @@ impl fmt::Display for Reason {
                 (Some(d), Some(t)) => write!(
                     f,
                     "download on {}: {phase} ({} of {})",
-                    short(node.as_str()),
+                    short_node(node.as_str()),
                     crate::text::bytes(d.in_bytes),
                     if t.in_bytes == 0 {
                         "?".to_owned()
@@ -433,7 +455,7 @@ impl fmt::Display for Reason {
                         crate::text::bytes(t.in_bytes)
                     }
                 ),
-                _ => write!(f, "download on {}: {phase}", short(node.as_str())),
+                _ => write!(f, "download on {}: {phase}", short_node(node.as_str())),
             },
             Reason::DownloadFailed {
                 node,
@@ -453,27 +475,27 @@ impl fmt::Display for Reason {
                 write!(
                     f,
                     "download on {}{attempt} failed{earlier}: {}",
-                    short(node.as_str()),
+                    short_node(node.as_str()),
                     one_line(message)
                 )
             }
             Reason::DownloadUnattributed { node, model } => write!(
                 f,
                 "download of {model} on {}: record has no attempt id (incomplete evidence)",
-                short(node.as_str())
+                short_node(node.as_str())
             ),
             Reason::DownloadUnknownStatus { node, tag } => {
                 write!(
                     f,
                     "download on {}: unknown status {tag}",
-                    short(node.as_str())
+                    short_node(node.as_str())
                 )
             }
             Reason::DownloadContradiction { node, detail } => {
                 write!(
                     f,
                     "download on {}: observations disagree ({})",
-                    short(node.as_str()),
+                    short_node(node.as_str()),
                     one_line(detail)
                 )
             }
@@ -481,7 +503,7 @@ impl fmt::Display for Reason {
                 f,
                 "runner {} on {} reports ready but its download is not complete",
                 short(runner.as_str()),
-                short(node.as_str())
+                short_node(node.as_str())
             ),
             Reason::ProbeMissing => f.write_str("no successful inference probe yet"),
             Reason::ProbeFailed { detail } => {

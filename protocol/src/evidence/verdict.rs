@@ -148,6 +148,20 @@ pub(crate) fn advance(
     let ready = reasons.is_empty();
     let contradictory = reasons.iter().any(Reason::is_contradiction);
     let bound = |t: Millis| hard_expiry.map_or(t, |h| t.min(h));
+    // Failed while the proof lasts, without moving the phase: deadlines keep running,
+    // and evidence that changes (a newer attempt where the dialect has them) is read
+    // again as it comes.
+    // Before first readiness only: capacity that was ready and lost it gets its bounded
+    // recovery interval, as the guide asks, whatever the cause.
+    if !contradictory
+        && reasons.iter().any(Reason::is_terminal)
+        && matches!(phase, Phase::Initial { .. })
+    {
+        // The proof first: one-line summaries lead with it.
+        let mut reasons = reasons;
+        reasons.sort_by_key(|r| !r.is_terminal());
+        return (Verdict::Failed { reasons }, Transition::None);
+    }
     match phase.clone() {
         Phase::Initial {
             deadline,
@@ -267,6 +281,48 @@ mod tests {
         // terminal: later readiness does not revive it
         let (v, t) = advance(&mut phase, Millis(120), vec![], 10, None);
         assert_eq!((v.kind(), t), (VerdictKind::Failed, Transition::None));
+    }
+
+    #[test]
+    fn a_terminal_failure_fails_at_once_and_history_does_not() {
+        let failed = |current| Reason::DownloadFailed {
+            node: "n".into(),
+            attempt: None,
+            message: "[Errno 28] No space left on device".to_owned(),
+            current,
+        };
+        let mut phase = Phase::Initial {
+            deadline: Millis(900_000),
+            deadline_reported: false,
+        };
+        let (v, _) = advance(&mut phase, Millis(10), vec![failed(false)], 10, None);
+        assert_eq!(v.kind(), VerdictKind::NotReady);
+        let (v, _) = advance(&mut phase, Millis(20), vec![failed(true)], 10, None);
+        assert_eq!(v.kind(), VerdictKind::Failed, "long before the deadline");
+        // the proof gone (a newer attempt in a dialect that has them), it is read again
+        let (v, _) = advance(&mut phase, Millis(30), vec![Reason::ProbeMissing], 10, None);
+        assert_eq!(v.kind(), VerdictKind::NotReady);
+        // once ready, a failure is a loss with its recovery interval
+        let mut phase = Phase::Ready { since: Millis(0) };
+        let (v, _) = advance(&mut phase, Millis(5), vec![failed(true)], 1_000, None);
+        assert_eq!(v.kind(), VerdictKind::Lost);
+        // a contradiction is not proof: uncertain, not failed
+        let mut phase = Phase::Initial {
+            deadline: Millis(900_000),
+            deadline_reported: false,
+        };
+        let contradiction = Reason::DownloadContradiction {
+            node: "n".into(),
+            detail: "completed on one endpoint, failed on another".to_owned(),
+        };
+        let (v, _) = advance(
+            &mut phase,
+            Millis(10),
+            vec![failed(true), contradiction],
+            1_000,
+            None,
+        );
+        assert_eq!(v.kind(), VerdictKind::Uncertain);
     }
 
     #[test]

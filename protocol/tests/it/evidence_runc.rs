@@ -44,7 +44,7 @@ fn run_series() -> (EvidenceReducer, Vec<(Millis, Notice)>) {
 }
 
 #[test]
-fn runc_series_reports_the_download_the_runner_failure_and_not_ready() {
+fn runc_series_reports_the_download_the_runner_failure_and_failed() {
     let (reducer, notices) = run_series();
     let now = Millis(24_000);
     let report = reducer.report(now);
@@ -91,8 +91,10 @@ fn runc_series_reports_the_download_the_runner_failure_and_not_ready() {
         Some(RUN_C_FAILURE)
     );
 
-    // the verdict: not ready, for exactly these reasons
-    assert_eq!(instance.verdict.kind(), VerdictKind::NotReady);
+    // the verdict: failed at once (Skulk never restarts a runner that failed before the
+    // instance was ready, so waiting for the deadline would only hide it), for exactly
+    // these reasons
+    assert_eq!(instance.verdict.kind(), VerdictKind::Failed);
     let reasons = instance.reasons();
     assert_eq!(reasons.len(), 2, "{reasons:?}");
     assert!(
@@ -109,7 +111,7 @@ fn runc_series_reports_the_download_the_runner_failure_and_not_ready() {
     assert!(!instance.awaiting_probe);
     let line = instance.verdict.to_string();
     assert!(
-        line.starts_with("not ready") && line.contains(RUN_C_FAILURE) && !line.contains('\n'),
+        line.starts_with("failed") && line.contains(RUN_C_FAILURE) && !line.contains('\n'),
         "{line}"
     );
 
