@@ -13,7 +13,15 @@ use den_console::replay::summary;
 use den_console::{record, status, tui};
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // clap exits 2 on a usage error, which is `den place`'s "uncertain": a script must
+    // never read a typo as a kept fence. Usage errors exit 64 (EX_USAGE).
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { 64 } else { 0 });
+        }
+    };
     let settings = match config::read_file(cli.common.config.as_deref())
         .and_then(|file| config::resolve(&cli.common, file))
     {

@@ -96,6 +96,7 @@ async fn place(
             status: CommandStatus::Failed,
             detail: "place needs a management API (--skulk or --router)".to_owned(),
             outcome: None,
+            exit_code: None,
         };
     };
     let _ = tx
@@ -137,7 +138,8 @@ async fn place(
         None,
     )
     .await;
-    let status = match exit_code_of(&result) {
+    let code = exit_code_of(&result);
+    let status = match code {
         0 => CommandStatus::Ok,
         2 => CommandStatus::Uncertain,
         _ => CommandStatus::Failed,
@@ -150,6 +152,7 @@ async fn place(
         status,
         detail,
         outcome: result.as_ref().ok().map(place::outcome_json),
+        exit_code: u8::try_from(code).ok(),
     }
 }
 
@@ -182,6 +185,7 @@ async fn confirm_deleted(
                         t0.elapsed().as_millis()
                     ),
                     outcome: None,
+                    exit_code: None,
                 };
             }
             Ok(_) => format!("{id} is still listed in /state"),
@@ -199,6 +203,7 @@ async fn confirm_deleted(
             within.as_secs()
         ),
         outcome: None,
+        exit_code: None,
     }
 }
 
@@ -209,6 +214,9 @@ pub struct Finished {
     pub detail: String,
     /// A placement's outcome as `den place --json` prints it ([`place::outcome_json`]).
     pub outcome: Option<serde_json::Value>,
+    /// The one-shot command's exit status where it is finer than the status's
+    /// (`den place`'s outcome classes); otherwise the status's.
+    pub exit_code: Option<u8>,
 }
 
 /// Run `command`, reporting progress and the outcome on `tx` (also returned).
@@ -290,6 +298,7 @@ pub async fn execute(
             status: CommandStatus::Failed,
             detail: format!("`{other}` is not a cluster command"),
             outcome: None,
+            exit_code: None,
         },
     };
     let _ = tx
@@ -315,6 +324,7 @@ async fn send_to(
             status: CommandStatus::Failed,
             detail: missing.to_owned(),
             outcome: None,
+            exit_code: None,
         };
     };
     let intent = HttpIntent {
@@ -345,6 +355,7 @@ pub fn classify(intent: &HttpIntent, result: Result<HttpAnswer, TransportFailure
                 answer.latency.as_millis()
             ),
             outcome: None,
+            exit_code: None,
         },
         Ok(answer) => {
             let error = ApiError::from_response(answer.status, &answer.body);
@@ -363,12 +374,14 @@ pub fn classify(intent: &HttpIntent, result: Result<HttpAnswer, TransportFailure
                 status,
                 detail: format!("{} {}: {error}{hint}", intent.method, intent.path),
                 outcome: None,
+                exit_code: None,
             }
         }
         Err(failure) if !failure.sent => Finished {
             status: CommandStatus::Failed,
             detail: format!("not sent: {}", failure.detail),
             outcome: None,
+            exit_code: None,
         },
         Err(failure) => Finished {
             status: CommandStatus::Uncertain,
@@ -377,6 +390,7 @@ pub fn classify(intent: &HttpIntent, result: Result<HttpAnswer, TransportFailure
                 failure.detail
             ),
             outcome: None,
+            exit_code: None,
         },
     }
 }

@@ -1,6 +1,7 @@
 //! `den place/delete/cancel/drain`: one command from the command line, executed by the
 //! same code as the console's ([`super::execute`]); progress on stderr, the outcome on
-//! stdout (or stderr when it is not ok). Exit codes: 0 ok, 1 failed, 2 uncertain.
+//! stdout (or stderr when it is not ok). Exit codes: 0 ok, 1 failed, 2 uncertain; `place`
+//! splits failures by class (3 refused, 4 not attempted, 5 declined: README).
 
 use den_protocol::text::printable;
 use std::process::ExitCode;
@@ -69,7 +70,11 @@ pub async fn run(settings: &Settings, command: Command, json: bool) -> ExitCode 
             _ => eprintln!("{line}"),
         }
     }
-    ExitCode::from(finished.status.exit_code())
+    ExitCode::from(
+        finished
+            .exit_code
+            .unwrap_or_else(|| finished.status.exit_code()),
+    )
 }
 
 #[cfg(test)]

@@ -45,7 +45,7 @@ use crate::skulk::error::ApiError;
 use crate::skulk::{CreateInstanceRequest, HttpIntent, InstanceId, ModelId};
 use crate::time::Millis;
 
-pub use outcome::{FailureReason, Note, Outcome, UncertainReason};
+pub use outcome::{FailureClass, FailureReason, Note, Outcome, UncertainReason};
 pub use select::{Criteria, PreviewRejection, Rejection, select_preview};
 pub use workflow::PlacementWorkflow;
 

@@ -131,6 +131,47 @@ pub enum FailureReason {
     },
 }
 
+/// What kind of failure, for an operator's next step (and `den place`'s exit code).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FailureClass {
+    /// The intent cannot be met as given (or the server refused it): nothing was placed.
+    /// Change the intent.
+    Refused,
+    /// den could not ask or could not record (management API unreadable, fence not
+    /// written, request never sent): nothing was placed. Retry when it is reachable.
+    NotAttempted,
+    /// The instance was submitted and then failed: nothing is left to reconcile.
+    FailedAfterSubmission,
+}
+
+impl FailureReason {
+    pub fn class(&self) -> FailureClass {
+        match self {
+            FailureReason::ManagementIdentityMismatch { .. }
+            | FailureReason::RequirementsRefused { .. }
+            | FailureReason::CardChangedSinceApproval { .. }
+            | FailureReason::IncompleteCapabilities { .. }
+            | FailureReason::NoExactPreview { .. }
+            | FailureReason::TargetNotInTopology { .. }
+            | FailureReason::Refused { .. } => FailureClass::Refused,
+            FailureReason::IdentityUnavailable { .. }
+            | FailureReason::PreviewsUnavailable { .. }
+            | FailureReason::StateUnavailable { .. }
+            | FailureReason::FenceNotPersisted { .. }
+            | FailureReason::NotSent { .. } => FailureClass::NotAttempted,
+            FailureReason::CommandRejected { .. }
+            | FailureReason::InstanceFailed { .. }
+            | FailureReason::RunnerFailed { .. }
+            | FailureReason::DownloadFailed { .. }
+            | FailureReason::InstanceRemoved { .. }
+            | FailureReason::ContextLimitTooSmall { .. }
+            | FailureReason::ReadinessTimedOut { .. }
+            | FailureReason::ProbeFailed { .. } => FailureClass::FailedAfterSubmission,
+        }
+    }
+}
+
 impl fmt::Display for FailureReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -167,16 +208,30 @@ impl fmt::Display for FailureReason {
                 write!(f, "no previews: {}", one_line(detail))
             }
             FailureReason::NoExactPreview { rejections } => {
-                let list = rejections
+                // Skulk refuses every preview of an ineligible node with the same long
+                // message: one line names each distinct reason once, with the previews
+                // it covers (`#0, #1 Pipeline/MlxRing, …`).
+                let mut groups: Vec<(String, Vec<String>)> = Vec::new();
+                for r in rejections {
+                    let why = r.rejection.to_string();
+                    let which = format!("#{} {}/{}", r.index, r.sharding, r.instance_meta);
+                    match groups.iter_mut().find(|(w, _)| *w == why) {
+                        Some((_, list)) => list.push(which),
+                        None => groups.push((why, vec![which])),
+                    }
+                }
+                if groups.is_empty() {
+                    return f.write_str("no preview was returned");
+                }
+                let list = groups
                     .iter()
-                    .map(ToString::to_string)
+                    .map(|(why, which)| match which.as_slice() {
+                        [one] => format!("{one}: {why}"),
+                        many => format!("{} previews ({}): {why}", many.len(), many.join(", ")),
+                    })
                     .collect::<Vec<_>>()
                     .join("; ");
-                if list.is_empty() {
-                    f.write_str("no preview was returned")
-                } else {
-                    write!(f, "no preview places exactly the wanted nodes: {list}")
-                }
+                write!(f, "no preview places exactly the wanted nodes: {list}")
             }
             FailureReason::StateUnavailable { detail } => {
                 write!(

@@ -744,3 +744,40 @@ fn placement_on_a_node_missing_from_the_topology_fails_before_previews() {
     );
     assert_eq!(d.posts(), 0);
 }
+
+/// runA: a Linux node without an MLX backend. Skulk refuses all four previews with the
+/// same 230-character message; the failure names it once, with the previews it covers.
+#[test]
+fn placement_refused_by_every_preview_says_so_once() {
+    let mut d = Driver::new(config());
+    let mut linux = request();
+    let node: String = serde_json::from_str(&read("runA/node_id.json")).expect("json");
+    linux.nodes = BTreeSet::from([NodeId::from(node.as_str())]);
+    linux.management_node = Some(NodeId::from(node.as_str()));
+    linux.model_id = ModelId::from("mlx-community/Llama-3.2-1B-Instruct-4bit");
+    d.input(Input::Start(linux));
+    d.answer(Method::Get, "/node_id", 200, &read("runA/node_id.json"));
+    d.answer(Method::Get, "/models/requirements", 404, NO_ROUTE);
+    d.answer(Method::Get, "/state", 200, &read("runA/state_idle.json"));
+    d.answer(
+        Method::Get,
+        "/instance/previews",
+        200,
+        &read("runA/instance_previews_llama1b.json"),
+    );
+    let line = match d.outcome() {
+        Outcome::Failed {
+            reason: reason @ FailureReason::NoExactPreview { .. },
+            ..
+        } => reason.to_string(),
+        other => panic!("{other}"),
+    };
+    assert_eq!(
+        line.matches("ineligible for this model").count(),
+        1,
+        "{line}"
+    );
+    assert!(line.contains("4 previews (#0"), "{line}");
+    assert!(line.len() < 600, "{} bytes: {line}", line.len());
+    assert_eq!(d.posts(), 0);
+}

@@ -84,14 +84,14 @@ async fn manage_den_place_then_status_ready_then_delete() {
     router.wait_workers(&["w1", "w2"]).await;
     let home = assets.path().join("home");
 
-    // A model the catalog does not have: failed, nothing submitted.
+    // A model the catalog does not have: refused (exit 3), nothing submitted.
     let missing = run_den(
         &router,
         &home,
         &["place", "den/none", "--node", "w1", "--yes", "--json"],
     )
     .await;
-    assert_eq!(missing.code, Some(1), "{}", missing.stderr);
+    assert_eq!(missing.code, Some(3), "{}", missing.stderr);
     let out = json_of(&missing);
     assert_eq!(out["outcome"], "failed", "{out}");
     assert!(

@@ -567,8 +567,10 @@ async fn placement_runtime_den_reconcile_resolves_stored_fences() {
 
 /// `den place` with the whole intent on the command line, the real binary against the
 /// fixture server: an expected management node the API does not answer as, or a context
-/// no preview holds, stops the placement before a fence is written or anything is posted
-/// (exit 1, a JSON outcome naming why); the intent the previews admit is placed.
+/// no preview holds, or a node the topology lacks, stops the placement before a fence is
+/// written or anything is posted (exit 3 "refused", a JSON outcome naming why); a
+/// management API that does not answer is exit 4 "not attempted"; a usage error is 64,
+/// never 2 ("uncertain"); the intent the previews admit is placed.
 #[tokio::test]
 async fn placement_runtime_den_place_takes_the_whole_intent_from_the_command_line() {
     let run = |url: String, home: std::path::PathBuf, extra: Vec<&'static str>| async move {
@@ -582,15 +584,21 @@ async fn placement_runtime_den_place_takes_the_whole_intent_from_the_command_lin
             "12D3KooWnotTheManagementNode",
         ),
         (vec!["--context-tokens", "2000000000"], "context"),
+        // a second --node the topology does not list: named, before any preview
+        (
+            vec!["--node", "12D3KooWTypoNotInTheTopology"],
+            "missing from the cluster topology",
+        ),
     ] {
         let server = server("placement_accepted_ready.json", &[]);
         let state = temp_dir().expect("tempdir");
         let out = run(server.url(), state.path().to_path_buf(), extra.clone()).await;
         let stdout = String::from_utf8_lossy(&out.stdout);
-        assert_eq!(out.status.code(), Some(1), "{extra:?}: {stdout}");
+        assert_eq!(out.status.code(), Some(3), "refused: {extra:?}: {stdout}");
         let json: serde_json::Value =
             serde_json::from_str(stdout.trim()).expect("one JSON document");
         assert_eq!(json["status"], "failed", "{json}");
+        assert_eq!(json["class"], "refused", "{json}");
         assert!(
             json["detail"].as_str().is_some_and(|d| d.contains(says)),
             "{extra:?}: {json}"
@@ -630,6 +638,26 @@ async fn placement_runtime_den_place_takes_the_whole_intent_from_the_command_lin
     let json: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON document");
     assert_eq!(json["outcome"], "placed", "{json}");
     assert_eq!(count(&requests(&server), "POST", "/instance"), 1);
+
+    // nothing listens: not attempted (4), one JSON document
+    let state = temp_dir().expect("tempdir");
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}", closed.local_addr().expect("addr"));
+    drop(closed);
+    let out = run(url, state.path().to_path_buf(), vec![]).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(4), "{stdout}");
+    let json: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON document");
+    assert_eq!(json["class"], "not-attempted", "{json}");
+
+    // a usage error is never read as "uncertain"
+    let out = run(
+        String::from("http://127.0.0.1:9"),
+        state.path().to_path_buf(),
+        vec!["--no-such-flag"],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(64));
 }
 
 /// `den delete` is done only when `/state` stops listing the instance: against runC's

@@ -39,7 +39,7 @@ use serde_json::{Value, json};
 use tokio::task::JoinSet;
 
 use den_protocol::ids::NodeId;
-use den_protocol::placement::{Outcome, PlacementRequest, WorkflowConfig};
+use den_protocol::placement::{FailureClass, Outcome, PlacementRequest, WorkflowConfig};
 use den_protocol::skulk::{InstanceId, ModelId};
 
 use crate::http::{DEFAULT_TIMEOUT, ManagementClient};
@@ -54,10 +54,19 @@ pub use progress::{Progress, ProgressNote, ProgressSink};
 
 /// Exit status of `den place` for a placed instance.
 pub const EXIT_PLACED: i32 = 0;
-/// … for a failed placement (or one that stopped before anything was sent).
+/// … for a placement that was submitted and then failed: nothing left to reconcile.
 pub const EXIT_FAILED: i32 = 1;
 /// … for an uncertain one: the fence is kept and must be reconciled.
 pub const EXIT_UNCERTAIN: i32 = 2;
+/// … refused before submission: the intent cannot be met as given (no exact preview,
+/// a node the topology lacks, another management node, a changed card, a 4xx answer).
+/// Nothing was placed; change the intent.
+pub const EXIT_REFUSED: i32 = 3;
+/// … not attempted: the management API could not be read, the fence not written, or
+/// the request never left. Nothing was placed; retry when it is reachable.
+pub const EXIT_NOT_ATTEMPTED: i32 = 4;
+/// … declined at the confirmation prompt: nothing was written or sent.
+pub const EXIT_DECLINED: i32 = 5;
 
 /// Where and how to place.
 #[derive(Debug, Clone)]
@@ -358,17 +367,21 @@ pub async fn resume_fences(
     .await?)
 }
 
-/// `den place`'s exit status: placed → 0, failed → 1, uncertain → 2.
+/// `den place`'s exit status, one per outcome class (README "Exit codes").
 pub fn exit_code(outcome: &Outcome) -> i32 {
     match outcome {
         Outcome::Placed { .. } => EXIT_PLACED,
-        Outcome::Failed { .. } => EXIT_FAILED,
+        Outcome::Failed { reason, .. } => match reason.class() {
+            FailureClass::Refused => EXIT_REFUSED,
+            FailureClass::NotAttempted => EXIT_NOT_ATTEMPTED,
+            FailureClass::FailedAfterSubmission => EXIT_FAILED,
+        },
         Outcome::Uncertain { .. } => EXIT_UNCERTAIN,
     }
 }
 
-/// The exit status of a whole `den place` run: an error before anything was sent is a
-/// failure; a run that stopped after submitting is uncertain.
+/// The exit status of a whole `den place` run: a run that stopped after submitting is
+/// uncertain; one that stopped before, or could not start, was not attempted.
 pub fn exit_code_of(result: &Result<Outcome, PlaceError>) -> i32 {
     match result {
         Ok(outcome) => exit_code(outcome),
@@ -376,13 +389,15 @@ pub fn exit_code_of(result: &Result<Outcome, PlaceError>) -> i32 {
             instance_id: Some(_),
             ..
         }) => EXIT_UNCERTAIN,
-        Err(_) => EXIT_FAILED,
+        Err(PlaceError::Declined { .. }) => EXIT_DECLINED,
+        Err(_) => EXIT_NOT_ATTEMPTED,
     }
 }
 
 /// The `--json` rendering of an outcome:
 /// `{"outcome": "placed"|"failed"|"uncertain", "instance_id", "command_id", "reason",
-/// "detail", "exit_code"}` where `reason` is one line and `detail` the typed reason.
+/// "detail", "class", "exit_code"}` where `reason` is one line, `detail` the typed reason
+/// and `class` a failure's class (`refused`, `not-attempted`, `failed-after-submission`).
 pub fn outcome_json(outcome: &Outcome) -> Value {
     let (kind, instance_id, command_id, reason, detail) = match outcome {
         Outcome::Placed {
@@ -422,6 +437,10 @@ pub fn outcome_json(outcome: &Outcome) -> Value {
         "command_id": command_id,
         "reason": reason,
         "detail": detail,
+        "class": match outcome {
+            Outcome::Failed { reason, .. } => serde_json::to_value(reason.class()).unwrap_or(Value::Null),
+            _ => Value::Null,
+        },
         "exit_code": exit_code(outcome),
     })
 }

@@ -203,7 +203,24 @@ fn exit_codes_follow_the_outcome() {
     let declined = PlaceError::Declined {
         instance_id: InstanceId::from("i"),
     };
-    assert_eq!(exit_code_of(&Err(declined)), 1);
+    assert_eq!(exit_code_of(&Err(declined)), 5);
+    let refused = Outcome::Failed {
+        instance_id: None,
+        reason: FailureReason::TargetNotInTopology {
+            nodes: vec!["12D3KooWTypo".into()],
+            known: Vec::new(),
+        },
+    };
+    assert_eq!(exit_code(&refused), 3);
+    let unreachable = Outcome::Failed {
+        instance_id: None,
+        reason: FailureReason::StateUnavailable {
+            detail: "connection refused".into(),
+        },
+    };
+    assert_eq!(exit_code(&unreachable), 4);
+    assert_eq!(outcome_json(&refused)["class"], "refused");
+    assert_eq!(outcome_json(&unreachable)["class"], "not-attempted");
     let stalled = PlaceError::Stalled {
         step: den_protocol::placement::StepKind::Reconciling,
         instance_id: id,
