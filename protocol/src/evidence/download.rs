@@ -154,10 +154,21 @@ pub(crate) struct DownloadTrack {
     order: Vec<AttemptId>,
     /// The latest sample without attempt id, per endpoint.
     legacy: BTreeMap<EndpointLabel, LegacySample>,
+    /// The attempt each endpoint's latest `/state` names for this artifact (its last
+    /// record). Fresh endpoints naming different attempts disagree: a contradiction,
+    /// never "the last one seen wins".
+    #[serde(default)]
+    current: BTreeMap<EndpointLabel, AttemptId>,
 }
 
 impl DownloadTrack {
-    pub fn observe_attempt(&mut self, attempt: AttemptId, sample: Sample) {
+    pub fn observe_attempt(
+        &mut self,
+        endpoint: &EndpointLabel,
+        attempt: AttemptId,
+        sample: Sample,
+    ) {
+        self.current.insert(endpoint.clone(), attempt.clone());
         let Some(record) = self.attempts.get_mut(&attempt) else {
             self.order.push(attempt.clone());
             self.attempts.insert(
@@ -214,8 +225,31 @@ impl DownloadTrack {
         self.legacy.remove(endpoint);
     }
 
+    /// The endpoint's latest state names no attempt of this artifact any more.
+    pub fn forget_current(&mut self, endpoint: &EndpointLabel) {
+        self.current.remove(endpoint);
+    }
+
+    /// Fresh endpoints that name different current attempts, as one line.
+    fn attempt_disagreement(&self, fresh: &BTreeSet<EndpointLabel>) -> Option<String> {
+        let named: Vec<(&EndpointLabel, &AttemptId)> = self
+            .current
+            .iter()
+            .filter(|(e, _)| fresh.contains(*e))
+            .collect();
+        let distinct: BTreeSet<&AttemptId> = named.iter().map(|(_, a)| *a).collect();
+        (distinct.len() > 1).then(|| {
+            let list = named
+                .iter()
+                .map(|(e, a)| format!("{e} names attempt {a}"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            format!("endpoints disagree on the current attempt: {list}")
+        })
+    }
+
     pub fn is_empty(&self) -> bool {
-        self.attempts.is_empty() && self.legacy.is_empty()
+        self.attempts.is_empty() && self.legacy.is_empty() && self.current.is_empty()
     }
 
     /// The evidence for an instance whose shard card is `wanted`, using legacy samples
@@ -237,14 +271,18 @@ impl DownloadTrack {
             .find(|(_, r)| matches(&r.sample.card))
         {
             let (attempt, record) = record;
-            let contradiction = record.conflicting_terminal.as_ref().map(|other| {
-                format!(
-                    "attempt {} reported {} and {}",
-                    attempt,
-                    record.sample.state.category(),
-                    other.state.category()
-                )
-            });
+            let contradiction = record
+                .conflicting_terminal
+                .as_ref()
+                .map(|other| {
+                    format!(
+                        "attempt {} reported {} and {}",
+                        attempt,
+                        record.sample.state.category(),
+                        other.state.category()
+                    )
+                })
+                .or_else(|| self.attempt_disagreement(fresh));
             return Some(DownloadEvidence {
                 node: node.clone(),
                 artifact: key.clone(),

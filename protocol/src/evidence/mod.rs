@@ -379,6 +379,7 @@ impl EvidenceReducer {
     fn ingest_downloads(&mut self, now: Millis, endpoint: &EndpointLabel, state: &State) {
         let dialect_has_attempts = state.dialect().attempt_ids;
         let mut legacy_seen: BTreeSet<(NodeId, ArtifactKey)> = BTreeSet::new();
+        let mut attempt_seen: BTreeSet<(NodeId, ArtifactKey)> = BTreeSet::new();
         for (node, records) in &state.downloads {
             for record in records {
                 // A record whose artifact cannot be read cannot be attributed to anything.
@@ -389,7 +390,10 @@ impl EvidenceReducer {
                 let sample = Sample::from_record(record, card, now);
                 let track = self.downloads.entry(key.clone()).or_default();
                 match record.attempt_id_owned() {
-                    Some(attempt) => track.observe_attempt(attempt, sample),
+                    Some(attempt) => {
+                        track.observe_attempt(endpoint, attempt, sample);
+                        attempt_seen.insert(key);
+                    }
                     None => {
                         track.observe_legacy(endpoint, sample, dialect_has_attempts);
                         legacy_seen.insert(key);
@@ -400,6 +404,9 @@ impl EvidenceReducer {
         for (key, track) in self.downloads.iter_mut() {
             if !legacy_seen.contains(key) {
                 track.forget_legacy(endpoint);
+            }
+            if !attempt_seen.contains(key) {
+                track.forget_current(endpoint);
             }
         }
         self.downloads.retain(|_, t| !t.is_empty());

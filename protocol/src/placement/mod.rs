@@ -30,6 +30,7 @@
 //! to another host, a proxy destination or a redirect; the probe goes through the same
 //! management API.
 
+pub mod capability;
 mod outcome;
 pub mod select;
 mod workflow;

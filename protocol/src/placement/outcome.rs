@@ -69,6 +69,10 @@ pub enum FailureReason {
     IncompleteCapabilities {
         capabilities: Vec<String>,
     },
+    /// Required capabilities that no supported, exact engine/build/hardware claim proves.
+    CapabilitiesUnproven {
+        capabilities: Vec<String>,
+    },
     PreviewsUnavailable {
         detail: String,
     },
@@ -152,6 +156,7 @@ impl FailureReason {
             | FailureReason::RequirementsRefused { .. }
             | FailureReason::CardChangedSinceApproval { .. }
             | FailureReason::IncompleteCapabilities { .. }
+            | FailureReason::CapabilitiesUnproven { .. }
             | FailureReason::NoExactPreview { .. }
             | FailureReason::TargetNotInTopology { .. }
             | FailureReason::Refused { .. } => FailureClass::Refused,
@@ -202,6 +207,17 @@ impl fmt::Display for FailureReason {
                     f,
                     "artifact capabilities marked incomplete: {}",
                     capabilities.join(", ")
+                )
+            }
+            FailureReason::CapabilitiesUnproven { capabilities } => {
+                write!(
+                    f,
+                    "no supported exact engine/build/hardware claim for required capabilities: {}",
+                    capabilities
+                        .iter()
+                        .map(|c| one_line(c))
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 )
             }
             FailureReason::PreviewsUnavailable { detail } => {

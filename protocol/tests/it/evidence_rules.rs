@@ -893,3 +893,47 @@ fn a_new_node_id_is_a_conflict_for_placements_and_a_restart_for_observers() {
         "{notices:?}"
     );
 }
+
+/// Distributed agreement: two fresh endpoints whose `/state` names different current
+/// attempts of the same download disagree. That is a contradiction (uncertain, never
+/// ready), not a merge in which the endpoint polled last wins; once they name the same
+/// attempt, it is evidence again.
+#[test]
+fn endpoints_naming_different_attempts_are_a_contradiction() {
+    let ready_with = |attempt: &str| {
+        completed(
+            with_runner(base(), json!({"RunnerReady": {}})),
+            Some(attempt),
+        )
+    };
+    let mut h = Harness::new(EvidenceConfig::default());
+    let _ = h.reducer.handle(
+        Millis(0),
+        Input::Endpoint {
+            endpoint: "compute".into(),
+            expected_node: Some(node()),
+        },
+    );
+    h.poll_on(1_000, "mgmt", ready_with("attempt-1"));
+    h.poll_on(1_000, "compute", ready_with("attempt-2"));
+    h.ok_probe(1_100);
+    let v = h.verdict();
+    assert_eq!(v.kind(), VerdictKind::Uncertain, "{v}");
+    assert!(
+        has(
+            &v,
+            |r| matches!(r, Reason::DownloadContradiction { detail, .. }
+            if detail.contains("attempt-1") && detail.contains("attempt-2"))
+        ),
+        "{v}"
+    );
+    // the order of the polls does not pick a winner
+    h.poll_on(2_000, "compute", ready_with("attempt-2"));
+    h.poll_on(2_000, "mgmt", ready_with("attempt-1"));
+    assert_eq!(h.verdict().kind(), VerdictKind::Uncertain);
+
+    // agreement again: the management endpoint now names attempt-2 as well
+    h.poll_on(3_000, "mgmt", ready_with("attempt-2"));
+    h.ok_probe(3_100);
+    assert!(h.verdict().is_ready(), "{}", h.verdict());
+}

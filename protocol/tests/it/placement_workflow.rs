@@ -578,7 +578,9 @@ fn placement_checks_the_approved_card_digest_and_the_context_limit() {
         "model_id": RUN_C_MODEL, "card_digest": "a".repeat(64), "registry_card_id": null,
         "context_tokens": 4096, "context_limit": null, "storage_bytes": 729808896,
         "estimated_memory_bytes": null, "compatible_backends": ["mlx"], "required_capabilities": ["text"],
-        "engine_support": [], "incomplete_capabilities": []
+        "engine_support": [{"capability": "text", "engine": "mlx", "build": "0.29.1",
+                            "hardware": "apple-m4", "status": "supported"}],
+        "incomplete_capabilities": []
     });
     let mut previews: Value = serde_json::from_str(&previews_body()).expect("json");
     for p in previews["previews"].as_array_mut().expect("list") {
@@ -780,4 +782,54 @@ fn placement_refused_by_every_preview_says_so_once() {
     assert!(line.contains("4 previews (#0"), "{line}");
     assert!(line.len() < 600, "{} bytes: {line}", line.len());
     assert_eq!(d.posts(), 0);
+}
+
+/// `required_capabilities` are matched exactly against the engine claims: a required
+/// capability with only an incomplete claim (or none) refuses the placement before any
+/// preview, fence or POST; the required set is the requirements', never the claims'.
+#[test]
+fn placement_refuses_required_capabilities_no_claim_proves() {
+    let requirements = |claims: Value| {
+        json!({
+            "model_id": RUN_C_MODEL, "card_digest": null, "registry_card_id": null,
+            "context_tokens": 4096, "context_limit": null, "storage_bytes": 729808896,
+            "estimated_memory_bytes": null, "compatible_backends": ["mlx"],
+            "required_capabilities": ["text", "tool-calls"],
+            "engine_support": claims, "incomplete_capabilities": []
+        })
+        .to_string()
+    };
+    let claim = |capability: &str, status: &str| {
+        json!({"capability": capability, "engine": "mlx", "build": "0.29.1",
+               "hardware": "apple-m4", "status": status})
+    };
+    let mut d = Driver::new(config());
+    d.input(Input::Start(request()));
+    d.answer(Method::Get, "/node_id", 200, &read("runC/node_id.json"));
+    let body = requirements(json!([
+        claim("text", "supported"),
+        claim("tool-calls", "incomplete")
+    ]));
+    d.answer(Method::Get, "/models/requirements", 200, &body);
+    match d.outcome() {
+        Outcome::Failed {
+            reason: FailureReason::CapabilitiesUnproven { capabilities },
+            ..
+        } => assert_eq!(capabilities, ["tool-calls"]),
+        other => panic!("{other}"),
+    }
+    assert!(!d.log.iter().any(|e| matches!(e, Effect::PersistFence(_))));
+    assert_eq!(d.posts(), 0);
+
+    // both proven: the workflow goes on to the baseline
+    let mut d = Driver::new(config());
+    d.input(Input::Start(request()));
+    d.answer(Method::Get, "/node_id", 200, &read("runC/node_id.json"));
+    let body = requirements(json!([
+        claim("text", "supported"),
+        claim("tool-calls", "supported")
+    ]));
+    d.answer(Method::Get, "/models/requirements", 200, &body);
+    let (_, intent) = d.pending();
+    assert_eq!(intent.path, "/state");
 }

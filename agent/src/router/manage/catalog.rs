@@ -36,6 +36,10 @@ use crate::worker::models::source::Source;
 /// Backends a card is compatible with when it names none.
 pub const DEFAULT_BACKENDS: &[&str] = &["host", "cuda"];
 
+/// What den's engine (synthetic or a GGUF model) does for a card: generate text through
+/// chat, completions and `/v1/generate`. Nothing else (no vision, no tool calls).
+pub const DEN_ENGINE_CAPABILITIES: &[&str] = &["text", "text-generation"];
+
 /// The loaded catalog, by model id.
 #[derive(Debug, Clone, Default)]
 pub struct ModelCatalog {
@@ -615,7 +619,7 @@ impl Card {
             unified_memory_fraction: None,
             compatible_backends: self.backends.clone(),
             required_capabilities: self.required_capabilities.clone(),
-            engine_support: Vec::new(),
+            engine_support: self.engine_claims(),
             incomplete_capabilities: Vec::new(),
             estimate_only: true,
             extra: [(
@@ -625,6 +629,27 @@ impl Card {
             .into_iter()
             .collect(),
         }
+    }
+
+    /// den's own engine claims for this card: one per required capability den's engine
+    /// implements, on every backend the card lists. A capability den does not implement
+    /// gets no claim, so a controller reading these (den place) refuses the placement.
+    fn engine_claims(&self) -> Vec<serde_json::Value> {
+        self.required_capabilities
+            .iter()
+            .filter(|c| DEN_ENGINE_CAPABILITIES.contains(&c.as_str()))
+            .flat_map(|c| {
+                self.backends.iter().map(move |backend| {
+                    json!({
+                        "capability": c,
+                        "engine": "den",
+                        "build": env!("CARGO_PKG_VERSION"),
+                        "hardware": backend,
+                        "status": "supported",
+                    })
+                })
+            })
+            .collect()
     }
 
     fn list_entry(&self) -> ModelListEntry {
@@ -804,6 +829,28 @@ sha256 = "ab5c1a8f0b6d2b7a1c8d4e5f60718293a4b5c6d7e8f90112233445566778899a"
                 "http://127.0.0.1:8000/tiny"
             ))
             .is_ok()
+        );
+    }
+
+    /// den claims only what its engine does: a card that requires text generation is
+    /// proven on each of its backends; one that also requires vision is not, so den
+    /// place refuses it before anything is sent.
+    #[test]
+    fn engine_claims_prove_only_what_den_implements() {
+        use den_protocol::placement::capability::unproven_capabilities;
+        let card = parse(CARD).unwrap();
+        let r = card.requirements(None);
+        assert_eq!(r.required_capabilities, ["text-generation"]);
+        assert_eq!(r.engine_support.len(), card.backends.len());
+        assert!(unproven_capabilities(&r).is_empty());
+        let vision = parse(&CARD.replace(
+            "required_capabilities = [\"text-generation\"]",
+            "required_capabilities = [\"text-generation\", \"vision\"]",
+        ))
+        .unwrap();
+        assert_eq!(
+            unproven_capabilities(&vision.requirements(None)),
+            ["vision"]
         );
     }
 

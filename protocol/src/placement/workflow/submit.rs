@@ -157,6 +157,12 @@ impl PlacementWorkflow {
                 capabilities: requirements.incomplete_capabilities.clone(),
             });
         }
+        let unproven = crate::placement::capability::unproven_capabilities(requirements);
+        if !unproven.is_empty() {
+            return Some(FailureReason::CapabilitiesUnproven {
+                capabilities: unproven,
+            });
+        }
         None
     }
 
