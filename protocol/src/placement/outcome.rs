@@ -350,6 +350,13 @@ pub enum UncertainReason {
         expected: Vec<NodeId>,
         observed: Vec<NodeId>,
     },
+    /// The instance in state carries another model card on `node` than the one the
+    /// fence stored at submission: whatever runs there is not what was approved.
+    CardDiffersFromFence {
+        node: NodeId,
+        submitted: String,
+        observed: String,
+    },
     /// After a restart the management API is another node: reconciling there proves
     /// nothing about the submission.
     ManagementIdentityChanged {
@@ -398,6 +405,16 @@ impl fmt::Display for UncertainReason {
                     "acknowledgement names instance {answered}, {submitted} was submitted"
                 )
             }
+            UncertainReason::CardDiffersFromFence {
+                node,
+                submitted,
+                observed,
+            } => write!(
+                f,
+                "instance on {node} carries card {} instead of the submitted {}",
+                one_line(observed),
+                one_line(submitted)
+            ),
             UncertainReason::PlacementDiffers { expected, observed } => write!(
                 f,
                 "instance runs on {} instead of {}",

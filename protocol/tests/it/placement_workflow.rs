@@ -833,3 +833,45 @@ fn placement_refuses_required_capabilities_no_claim_proves() {
     let (_, intent) = d.pending();
     assert_eq!(intent.path, "/state");
 }
+
+/// The accepted instance is rechecked against the shard cards the fence stored: the
+/// same instance id carrying another card (here another quantization of the model) is
+/// not what was approved, so the placement is uncertain, never ready, and no probe is
+/// sent to it.
+#[test]
+fn placement_rechecks_the_accepted_instance_against_the_stored_card() {
+    let mut d = Driver::new(config());
+    submit(&mut d);
+    d.answer(
+        Method::Post,
+        "/instance",
+        200,
+        &read("runC/create_instance.json"),
+    );
+    let mut state: Value = serde_json::from_str(&ready_state()).expect("json");
+    let mut swapped = 0;
+    for (_, instance) in state["instances"].as_object_mut().expect("instances") {
+        for (_, core) in instance.as_object_mut().expect("tagged") {
+            for (_, shard) in core["shardAssignments"]["runnerToShard"]
+                .as_object_mut()
+                .expect("runners")
+            {
+                for (_, fields) in shard.as_object_mut().expect("tagged shard") {
+                    fields["modelCard"]["quantization"] = json!("8bit");
+                    swapped += 1;
+                }
+            }
+        }
+    }
+    assert!(swapped > 0);
+    d.answer(Method::Get, "/state", 200, &state.to_string());
+    match d.outcome() {
+        Outcome::Uncertain {
+            reason: UncertainReason::CardDiffersFromFence { node, .. },
+            ..
+        } => assert_eq!(node.as_str(), RUN_C_NODE),
+        other => panic!("{other}"),
+    }
+    assert!(!d.log.iter().any(|e| matches!(e, Effect::Probe { .. })));
+    assert_eq!(d.posts(), 1);
+}

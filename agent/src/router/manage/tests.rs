@@ -532,3 +532,44 @@ fn finished_command_records_are_retained_up_to_a_bound() {
     ));
     assert_eq!(state.last_event_applied_idx, 1199);
 }
+
+/// The guide: "do not combine multiple GPUs into one capacity figure without engine
+/// support for that layout". Two GPUs of one host are two den workers; each is short of
+/// one page of the card by a byte, together they would hold it twice over. No preview
+/// admits the model on either, none spans both, and no context limit counts both budgets.
+#[test]
+fn capacity_of_two_gpus_is_never_summed() {
+    let mut m = manager();
+    let page = 16 * card().kv.bytes_per_token();
+    for gpu in ["host-gpu0", "host-gpu1"] {
+        let mut o = obs(gpu, vec![], vec![]);
+        o.kv_budget_bytes = page - 1;
+        m.observe(Millis(1), 0, &o);
+    }
+    let each = m.previews(Millis(2), &query("den/tiny", &[], &[]));
+    assert_eq!(each.previews.len(), 2);
+    for p in &each.previews {
+        assert_eq!(
+            p.error_code.as_deref(),
+            Some("insufficient_memory"),
+            "{p:?}"
+        );
+        assert!(p.instance.is_none() && p.context_token_limit.is_none());
+    }
+    let both = m.previews(
+        Millis(3),
+        &query("den/tiny", &["host-gpu0", "host-gpu1"], &[]),
+    );
+    assert_eq!(both.previews.len(), 1);
+    assert_eq!(
+        both.previews[0].error_code.as_deref(),
+        Some("no_valid_placement")
+    );
+
+    // one GPU with exactly one page: admitted, and its limit is that GPU's alone
+    let mut o = obs("host-gpu0", vec![], vec![]);
+    o.kv_budget_bytes = page;
+    m.observe(Millis(4), 0, &o);
+    let one = m.previews(Millis(5), &query("den/tiny", &["host-gpu0"], &[]));
+    assert_eq!(one.previews[0].context_token_limit, Some(16));
+}

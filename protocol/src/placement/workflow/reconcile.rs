@@ -1,6 +1,7 @@
 //! Reconciliation after submission, the probe, and the outcome at the deadline.
 
 use super::{Answer, PlacementWorkflow, Step, bound, management};
+use crate::evidence::download::card_matches;
 use crate::evidence::{
     Expectation, Input as EvidenceInput, PollFailure, PollFailureKind, PollResult, Presence,
     ProbeOutcome, Reason, Verdict,
@@ -12,6 +13,40 @@ use crate::skulk::{CommandOutcome, DownloadProgress, HttpIntent, InstanceId, Sta
 use crate::time::Millis;
 
 impl PlacementWorkflow {
+    /// The accepted instance rechecked against the complete shard cards the fence stored
+    /// (the guide: persist them "for subsequent state comparisons"), node by node, by
+    /// the same rule downloads are matched with (signed: registry card id; otherwise the
+    /// whole card).
+    fn card_differs(&self, fence: &Fence) -> Option<UncertainReason> {
+        let observed = self
+            .evidence
+            .latest_state(&management())?
+            .instances
+            .get(&fence.instance_id)?
+            .core()?;
+        let submitted = fence.request.instance.core()?;
+        for node in &fence.nodes {
+            let (Some(want), Some(seen)) = (
+                submitted.shard_assignments.card_of_node(node),
+                observed.shard_assignments.card_of_node(node),
+            ) else {
+                continue;
+            };
+            if !card_matches(&want, &seen) {
+                let name = |c: &crate::skulk::ModelCard| match &c.registry_card_id {
+                    Some(id) => format!("{} ({id})", c.model_id),
+                    None => c.model_id.to_string(),
+                };
+                return Some(UncertainReason::CardDiffersFromFence {
+                    node: node.clone(),
+                    submitted: name(&want),
+                    observed: name(&seen),
+                });
+            }
+        }
+        None
+    }
+
     pub(super) fn enter_reconciliation(&mut self, now: Millis) -> Vec<Effect> {
         let Some(fence) = &self.fence else {
             return Vec::new();
@@ -107,6 +142,9 @@ impl PlacementWorkflow {
                     expected,
                     observed: observed_nodes,
                 };
+                return Some(self.finish_uncertain(reason));
+            }
+            if let Some(reason) = self.card_differs(&fence) {
                 return Some(self.finish_uncertain(reason));
             }
             if let (Some(limit), Some(requested)) =
