@@ -13,6 +13,7 @@ mod skulk_support;
 mod evidence_rules;
 mod evidence_runc;
 mod manage_protocol;
+mod placement_outcomes;
 mod placement_workflow;
 mod pool_capacity;
 mod pool_eviction;

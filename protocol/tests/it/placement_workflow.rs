@@ -16,17 +16,17 @@ use serde_json::{Value, json};
 use skulk_support::*;
 
 /// FastAPI's answer for a route that does not exist (no /models/requirements in 1.3.0).
-const NO_ROUTE: &str = r#"{"detail":"Not Found"}"#;
+pub(crate) const NO_ROUTE: &str = r#"{"detail":"Not Found"}"#;
 
-struct Driver {
-    wf: PlacementWorkflow,
-    now: u64,
-    log: Vec<Effect>,
-    last: Vec<Effect>,
+pub(crate) struct Driver {
+    pub(crate) wf: PlacementWorkflow,
+    pub(crate) now: u64,
+    pub(crate) log: Vec<Effect>,
+    pub(crate) last: Vec<Effect>,
 }
 
 impl Driver {
-    fn new(config: WorkflowConfig) -> Driver {
+    pub(crate) fn new(config: WorkflowConfig) -> Driver {
         Driver {
             wf: PlacementWorkflow::new(config),
             now: 0,
@@ -35,7 +35,7 @@ impl Driver {
         }
     }
 
-    fn input(&mut self, input: Input) -> &[Effect] {
+    pub(crate) fn input(&mut self, input: Input) -> &[Effect] {
         self.now += 100;
         let effects = self.wf.handle(Millis(self.now), input);
         self.log.extend(effects.iter().cloned());
@@ -43,13 +43,13 @@ impl Driver {
         &self.last
     }
 
-    fn at(&mut self, now: u64, input: Input) -> &[Effect] {
+    pub(crate) fn at(&mut self, now: u64, input: Input) -> &[Effect] {
         self.now = now.saturating_sub(100);
         self.input(input)
     }
 
     /// The HTTP request the last input asked for.
-    fn pending(&self) -> (RequestSeq, HttpIntent) {
+    pub(crate) fn pending(&self) -> (RequestSeq, HttpIntent) {
         self.last
             .iter()
             .find_map(|e| match e {
@@ -59,7 +59,7 @@ impl Driver {
             .unwrap_or_else(|| panic!("no HTTP effect in {:?}", self.last))
     }
 
-    fn expect(&self, method: Method, path: &str) -> RequestSeq {
+    pub(crate) fn expect(&self, method: Method, path: &str) -> RequestSeq {
         let (seq, intent) = self.pending();
         assert_eq!(
             (intent.method, intent.path.as_str()),
@@ -69,7 +69,13 @@ impl Driver {
         seq
     }
 
-    fn answer(&mut self, method: Method, path: &str, status: u16, body: &str) -> &[Effect] {
+    pub(crate) fn answer(
+        &mut self,
+        method: Method,
+        path: &str,
+        status: u16,
+        body: &str,
+    ) -> &[Effect] {
         let request = self.expect(method, path);
         self.input(Input::HttpResponse {
             request,
@@ -78,7 +84,7 @@ impl Driver {
         })
     }
 
-    fn lose(&mut self, method: Method, path: &str, sent: bool) -> &[Effect] {
+    pub(crate) fn lose(&mut self, method: Method, path: &str, sent: bool) -> &[Effect] {
         let request = self.expect(method, path);
         let failure = TransportFailure {
             sent,
@@ -87,7 +93,7 @@ impl Driver {
         self.input(Input::HttpFailed { request, failure })
     }
 
-    fn fence(&self) -> Fence {
+    pub(crate) fn fence(&self) -> Fence {
         self.last
             .iter()
             .find_map(|e| match e {
@@ -97,7 +103,7 @@ impl Driver {
             .unwrap_or_else(|| panic!("no PersistFence in {:?}", self.last))
     }
 
-    fn probe(&mut self, result: ProbeResult) -> &[Effect] {
+    pub(crate) fn probe(&mut self, result: ProbeResult) -> &[Effect] {
         let (request, instance_id, intent) = self
             .last
             .iter()
@@ -122,25 +128,25 @@ impl Driver {
         self.input(Input::ProbeAnswered { request, result })
     }
 
-    fn outcome(&self) -> Outcome {
+    pub(crate) fn outcome(&self) -> Outcome {
         self.wf.outcome().cloned().expect("finished")
     }
 
-    fn posts(&self) -> usize {
+    pub(crate) fn posts(&self) -> usize {
         self.log
             .iter()
             .filter(|e| matches!(e, Effect::Http { intent, .. } if intent.method == Method::Post && intent.path == "/instance"))
             .count()
     }
 
-    fn cleared(&self) -> bool {
+    pub(crate) fn cleared(&self) -> bool {
         self.log
             .iter()
             .any(|e| matches!(e, Effect::ClearFence { .. }))
     }
 }
 
-fn request() -> PlacementRequest {
+pub(crate) fn request() -> PlacementRequest {
     PlacementRequest {
         model_id: ModelId::from(RUN_C_MODEL),
         nodes: BTreeSet::from([NodeId::from(RUN_C_NODE)]),
@@ -151,7 +157,7 @@ fn request() -> PlacementRequest {
     }
 }
 
-fn config() -> WorkflowConfig {
+pub(crate) fn config() -> WorkflowConfig {
     WorkflowConfig {
         reconcile_deadline_ms: 20_000,
         poll_interval_ms: 2_000,
@@ -161,7 +167,7 @@ fn config() -> WorkflowConfig {
 
 /// runC's previews with the first preview's instance replaced by the instance that was
 /// really submitted in runC (`instance_placement_for_create`, id cff479d0…).
-fn previews_body() -> String {
+pub(crate) fn previews_body() -> String {
     let mut previews: Value =
         serde_json::from_str(&read("runC/instance_previews_llama1b.json")).expect("json");
     let instance: Value =
@@ -171,7 +177,7 @@ fn previews_body() -> String {
 }
 
 /// runC/state_after_create_instance with the runner ready and the download completed.
-fn ready_state() -> String {
+pub(crate) fn ready_state() -> String {
     let mut v: Value =
         serde_json::from_str(&read("runC/state_after_create_instance.json")).expect("json");
     v["runners"][CREATED_RUNNER] = json!({"RunnerReady": {}});
@@ -184,7 +190,7 @@ fn ready_state() -> String {
 }
 
 /// Runs identity → requirements (absent) → baseline → previews → fence → POST sent.
-fn submit(d: &mut Driver) {
+pub(crate) fn submit(d: &mut Driver) {
     d.input(Input::Start(request()));
     d.answer(Method::Get, "/node_id", 200, &read("runC/node_id.json"));
     let (_, intent) = d.pending();
@@ -404,7 +410,7 @@ fn placement_nothing_observed_before_the_deadline_is_uncertain() {
 }
 
 impl Driver {
-    fn fence_deadline(&self) -> Millis {
+    pub(crate) fn fence_deadline(&self) -> Millis {
         self.wf
             .fence()
             .map(|f| f.reconcile_deadline)
