@@ -112,6 +112,10 @@ pub enum Sub {
         /// How long to wait for download, runner and probe after submission (default 10m).
         #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
         wait: Option<std::time::Duration>,
+        /// The compute node's own API (http://HOST:PORT): its /node_id must be one of the
+        /// --node ids and its /state is polled beside the management API's.
+        #[arg(long, value_name = "URL", value_parser = crate::app::intent::parse_compute_url)]
+        compute: Option<String>,
         /// Do not ask before submitting.
         #[arg(long)]
         yes: bool,

@@ -24,6 +24,7 @@ pub struct ManagementClient {
     base: Url,
     client: reqwest::Client,
     token: Option<String>,
+    timeout: Duration,
 }
 
 impl fmt::Debug for ManagementClient {
@@ -90,7 +91,18 @@ impl ManagementClient {
             base: url,
             client,
             token: token.filter(|t| !t.is_empty()),
+            timeout,
         })
+    }
+
+    /// The deadline of each request.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The bearer token (for a second client to the same origin only).
+    pub(crate) fn token(&self) -> Option<&str> {
+        self.token.as_deref()
     }
 
     /// The origin requests go to, e.g. `http://127.0.0.1:52415`.

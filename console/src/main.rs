@@ -77,11 +77,14 @@ fn main() -> ExitCode {
                 expect_management_node,
                 card_digest,
                 wait,
+                compute,
                 yes,
                 json,
             }) => {
                 if !yes && !confirm_on_terminal(&model, &nodes) {
-                    return ExitCode::from(1);
+                    return ExitCode::from(
+                        u8::try_from(den_console::commands::place::EXIT_DECLINED).unwrap_or(1),
+                    );
                 }
                 let intent = den_console::app::intent::PlaceIntent {
                     context_tokens,
@@ -89,6 +92,7 @@ fn main() -> ExitCode {
                     management_node: expect_management_node,
                     card_digest,
                     wait,
+                    compute,
                 };
                 let command = Command::Place {
                     model,

@@ -23,6 +23,10 @@ pub struct PlaceIntent {
     pub card_digest: Option<String>,
     /// How long to wait for download, runner and probe after submission (default 10 min).
     pub wait: Option<Duration>,
+    /// The compute node's own API (`http(s)://HOST:PORT`): its `/node_id` must be one of
+    /// the wanted nodes, and its `/state` is polled beside the management API's
+    /// (membership and readiness are then two-sided).
+    pub compute: Option<String>,
 }
 
 /// When the resource expires.
@@ -86,12 +90,13 @@ pub fn parse_expiry(s: &str) -> Result<Expiry, String> {
 }
 
 /// A value-taking palette flag.
-const FLAGS: [&str; 5] = [
+const FLAGS: [&str; 6] = [
     "--context-tokens",
     "--expires",
     "--expect-management-node",
     "--card-digest",
     "--wait",
+    "--compute",
 ];
 
 impl PlaceIntent {
@@ -142,6 +147,7 @@ impl PlaceIntent {
                 self.wait =
                     Some(crate::config::parse_duration(value).map_err(|e| format!("--wait: {e}"))?)
             }
+            "--compute" => self.compute = Some(parse_compute_url(value)?),
             _ => return Err(format!("unknown flag {flag}")),
         }
         Ok(())
@@ -165,8 +171,23 @@ impl PlaceIntent {
         if let Some(w) = self.wait {
             out.push(format!("--wait {}ms", w.as_millis()));
         }
+        if let Some(c) = &self.compute {
+            out.push(format!("--compute {c}"));
+        }
         out
     }
+}
+
+/// `--compute`: an `http://` or `https://` base URL with a host.
+pub fn parse_compute_url(s: &str) -> Result<String, String> {
+    let url = reqwest::Url::parse(s.trim())
+        .map_err(|_| format!("--compute {s:?} is not a URL: give http://HOST:PORT"))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+        return Err(format!(
+            "--compute {s:?}: give the compute node's API as http://HOST:PORT or https://HOST:PORT"
+        ));
+    }
+    Ok(s.trim().to_owned())
 }
 
 /// `--context-tokens`: a positive token count.
@@ -249,7 +270,7 @@ mod tests {
     #[test]
     fn palette_flags_split_from_positional_words() {
         let (pos, intent) = PlaceIntent::split(&words(
-            "m node-a --context-tokens 8192 node-b --expires=2h --expect-management-node mgmt --card-digest sha256:ab --wait 90s",
+            "m node-a --context-tokens 8192 node-b --expires=2h --expect-management-node mgmt --card-digest sha256:ab --wait 90s --compute http://10.0.0.7:52415",
         ))
         .unwrap();
         assert_eq!(pos, ["m", "node-a", "node-b"]);
@@ -261,6 +282,7 @@ mod tests {
                 management_node: Some("mgmt".into()),
                 card_digest: Some("sha256:ab".into()),
                 wait: Some(Duration::from_secs(90)),
+                compute: Some("http://10.0.0.7:52415".into()),
             }
         );
         // Read back, the flags give the same intent.

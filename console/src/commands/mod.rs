@@ -121,6 +121,7 @@ async fn place(
     args.context_tokens = intent.context_tokens;
     args.management_node = intent.management_node.as_deref().map(NodeId::new);
     args.approved_card_digest = intent.card_digest.clone();
+    args.compute = intent.compute.clone();
     args.hard_expiry_unix_ms = intent
         .expires
         .map(|e| e.unix_ms(place::clock::unix_now_ms()));

@@ -64,6 +64,8 @@ pub struct PlacementRequest {
     pub approved_card_digest: Option<String>,
     /// The external resource's expiry: an upper bound for every deadline.
     pub hard_expiry: Option<Millis>,
+    /// A compute node's own API is polled too ([`Target::Compute`]).
+    pub compute: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -101,6 +103,9 @@ pub struct Fence {
     pub model_id: ModelId,
     pub nodes: BTreeSet<NodeId>,
     pub management_node: Option<NodeId>,
+    /// The node the compute endpoint answered as, when one was polled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_node: Option<NodeId>,
     pub context_tokens: Option<u64>,
     /// The exact `POST /instance` body.
     pub request: CreateInstanceRequest,
@@ -206,11 +211,12 @@ pub enum Input {
 #[derive(Debug, Clone, PartialEq)]
 #[must_use = "an effect is a decision to carry out, not a value to drop"]
 pub enum Effect {
-    /// Send this request to the management API and answer with `HttpResponse` or
-    /// `HttpFailed` carrying the same `request`.
+    /// Send this request to `target` and answer with `HttpResponse` or `HttpFailed`
+    /// carrying the same `request`.
     Http {
         request: RequestSeq,
         intent: HttpIntent,
+        target: Target,
     },
     /// Write the fence durably, then answer `FencePersisted` (or `FencePersistFailed`).
     PersistFence(Box<Fence>),
@@ -230,6 +236,18 @@ pub enum Effect {
     Finished(Outcome),
 }
 
+/// Which API an HTTP effect is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Target {
+    /// The management API the placement is submitted through.
+    Management,
+    /// The compute node's own API (`PlacementRequest::compute`): its `/node_id` binds it
+    /// to one of the wanted nodes and its `/state` is the second side of membership and
+    /// of every readiness record.
+    Compute,
+}
+
 /// Where the workflow is, for display.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum StepKind {
@@ -238,6 +256,8 @@ pub enum StepKind {
     ReadingRequirements,
     Previewing,
     ReadingBaseline,
+    /// The compute node's `/node_id` or `/state`.
+    CheckingCompute,
     PersistingFence,
     Submitting,
     Reconciling,

@@ -57,6 +57,11 @@ pub enum FailureReason {
     IdentityUnavailable {
         detail: String,
     },
+    /// The compute endpoint answers as a node the placement does not want.
+    ComputeNotWanted {
+        observed: NodeId,
+        wanted: Vec<NodeId>,
+    },
     RequirementsRefused {
         detail: String,
     },
@@ -153,6 +158,7 @@ impl FailureReason {
     pub fn class(&self) -> FailureClass {
         match self {
             FailureReason::ManagementIdentityMismatch { .. }
+            | FailureReason::ComputeNotWanted { .. }
             | FailureReason::RequirementsRefused { .. }
             | FailureReason::CardChangedSinceApproval { .. }
             | FailureReason::IncompleteCapabilities { .. }
@@ -193,6 +199,16 @@ impl fmt::Display for FailureReason {
                     one_line(detail)
                 )
             }
+            FailureReason::ComputeNotWanted { observed, wanted } => write!(
+                f,
+                "the compute endpoint answers as node {}, which is not among the wanted nodes ({})",
+                one_line(observed.as_str()),
+                wanted
+                    .iter()
+                    .map(|n| one_line(n.as_str()))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
             FailureReason::RequirementsRefused { detail } => {
                 write!(f, "model requirements refused: {}", one_line(detail))
             }
@@ -363,6 +379,11 @@ pub enum UncertainReason {
         expected: NodeId,
         observed: NodeId,
     },
+    /// After a restart the compute endpoint is another node than the fence bound.
+    ComputeIdentityChanged {
+        expected: NodeId,
+        observed: NodeId,
+    },
     /// The probe succeeded but other instances serve the same model and the answer does
     /// not say which one served it.
     ProbeNotAttributable {
@@ -433,6 +454,12 @@ impl fmt::Display for UncertainReason {
                 write!(
                     f,
                     "management API is now node {observed}, the submission went to {expected}"
+                )
+            }
+            UncertainReason::ComputeIdentityChanged { expected, observed } => {
+                write!(
+                    f,
+                    "the compute endpoint is now node {observed}, the fence bound {expected}"
                 )
             }
             UncertainReason::ProbeNotAttributable { others } => write!(

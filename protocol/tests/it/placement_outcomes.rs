@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 
 use den_protocol::ids::NodeId;
 use den_protocol::placement::{
-    Effect, FailureReason, Input, Outcome, ProbeResult, UncertainReason,
+    Effect, FailureReason, Input, Outcome, ProbeResult, Target, UncertainReason,
 };
 use den_protocol::skulk::{InstanceId, Method};
 use serde_json::{Value, json};
@@ -24,6 +24,7 @@ fn name(outcome: &Outcome) -> &'static str {
         Outcome::Failed { reason, .. } => match reason {
             FailureReason::ManagementIdentityMismatch { .. } => "ManagementIdentityMismatch",
             FailureReason::IdentityUnavailable { .. } => "IdentityUnavailable",
+            FailureReason::ComputeNotWanted { .. } => "ComputeNotWanted",
             FailureReason::RequirementsRefused { .. } => "RequirementsRefused",
             FailureReason::CardChangedSinceApproval { .. } => "CardChangedSinceApproval",
             FailureReason::IncompleteCapabilities { .. } => "IncompleteCapabilities",
@@ -52,6 +53,7 @@ fn name(outcome: &Outcome) -> &'static str {
             UncertainReason::PlacementDiffers { .. } => "PlacementDiffers",
             UncertainReason::CardDiffersFromFence { .. } => "CardDiffersFromFence",
             UncertainReason::ManagementIdentityChanged { .. } => "ManagementIdentityChanged",
+            UncertainReason::ComputeIdentityChanged { .. } => "ComputeIdentityChanged",
             UncertainReason::ProbeNotAttributable { .. } => "ProbeNotAttributable",
             UncertainReason::ProbeTransport { .. } => "ProbeTransport",
             UncertainReason::ProbeNotConfirmed { .. } => "ProbeNotConfirmed",
@@ -64,6 +66,7 @@ const ALL: &[&str] = &[
     "Placed",
     "ManagementIdentityMismatch",
     "IdentityUnavailable",
+    "ComputeNotWanted",
     "RequirementsRefused",
     "CardChangedSinceApproval",
     "IncompleteCapabilities",
@@ -90,6 +93,7 @@ const ALL: &[&str] = &[
     "PlacementDiffers",
     "CardDiffersFromFence",
     "ManagementIdentityChanged",
+    "ComputeIdentityChanged",
     "ProbeNotAttributable",
     "ProbeTransport",
     "ProbeNotConfirmed",
@@ -192,6 +196,14 @@ fn scenarios() -> Vec<(&'static str, Outcome)> {
     run("/node_id fails", &|d| {
         d.input(Input::Start(request()));
         d.answer(Method::Get, "/node_id", 500, "{\"detail\":\"boom\"}");
+    });
+    run("the compute endpoint is an unwanted node", &|d| {
+        let mut r = request();
+        r.compute = true;
+        d.input(Input::Start(r));
+        d.answer(Method::Get, "/node_id", 200, &read("runC/node_id.json"));
+        assert_eq!(d.target(), Target::Compute);
+        d.answer(Method::Get, "/node_id", 200, &format!("\"{ALPHA}\""));
     });
     run("requirements refused", &|d| {
         identified(d);
@@ -388,6 +400,19 @@ fn scenarios() -> Vec<(&'static str, Outcome)> {
         d.input(Input::Resume(Box::new(fence)));
         d.answer(Method::Get, "/node_id", 200, "\"12D3KooWSomebodyElse\"");
     });
+    run("resumed against another compute node", &|d| {
+        let mut first = Driver::new(config());
+        compute_submit(&mut first);
+        let fence = first.wf.fence().cloned().expect("fence");
+        assert_eq!(
+            fence.compute_node.as_ref().map(NodeId::as_str),
+            Some(RUN_C_NODE)
+        );
+        d.input(Input::Resume(Box::new(fence)));
+        d.answer(Method::Get, "/node_id", 200, &read("runC/node_id.json"));
+        assert_eq!(d.target(), Target::Compute);
+        d.answer(Method::Get, "/node_id", 200, "\"12D3KooWReplacement\"");
+    });
     run("probe answered by someone unknown", &|d| {
         accepted(d);
         let mut state = json_of(&ready_state());
@@ -423,6 +448,10 @@ fn every_placement_outcome_is_reached_by_its_scenario() {
             "ManagementIdentityMismatch",
         ),
         ("/node_id fails", "IdentityUnavailable"),
+        (
+            "the compute endpoint is an unwanted node",
+            "ComputeNotWanted",
+        ),
         ("requirements refused", "RequirementsRefused"),
         ("card changed since approval", "CardChangedSinceApproval"),
         ("incomplete capabilities", "IncompleteCapabilities"),
@@ -458,6 +487,10 @@ fn every_placement_outcome_is_reached_by_its_scenario() {
             "CardDiffersFromFence",
         ),
         ("resumed against another node", "ManagementIdentityChanged"),
+        (
+            "resumed against another compute node",
+            "ComputeIdentityChanged",
+        ),
         ("probe answered by someone unknown", "ProbeNotAttributable"),
         ("probe lost", "ProbeTransport"),
         ("probe served by another instance", "ProbeNotConfirmed"),
@@ -478,4 +511,77 @@ fn every_placement_outcome_is_reached_by_its_scenario() {
         "outcomes no scenario reaches"
     );
     assert_eq!(all.len(), ALL.len(), "ALL names each outcome once");
+}
+
+/// A placement with the compute node's own API: identity of both, both baselines, the
+/// fence, the POST; reconciliation then polls both `/state`s every cycle.
+fn compute_submit(d: &mut Driver) {
+    let mut r = request();
+    r.compute = true;
+    d.input(Input::Start(r));
+    d.answer(Method::Get, "/node_id", 200, &read("runC/node_id.json"));
+    assert_eq!(d.target(), Target::Compute);
+    d.answer(Method::Get, "/node_id", 200, &read("runC/node_id.json"));
+    assert_eq!(d.target(), Target::Management);
+    d.answer(Method::Get, "/models/requirements", 404, NO_ROUTE);
+    d.answer(Method::Get, "/state", 200, &read("runC/state_idle.json"));
+    assert_eq!(d.target(), Target::Compute);
+    d.answer(Method::Get, "/state", 200, &read("runC/state_idle.json"));
+    d.answer(Method::Get, "/instance/previews", 200, &previews_body());
+    let instance_id = d.fence().instance_id;
+    d.input(Input::FencePersisted { instance_id });
+}
+
+/// Membership is two-sided during placement: the management API shows the instance
+/// ready, but the compute node's own `/state` does not list the node in its topology
+/// (it left, or is partitioned from the cluster) — no probe, never placed; the same
+/// answer from both sides places it.
+#[test]
+fn placement_with_a_compute_endpoint_needs_both_sides() {
+    let mut one_sided = json_of(&ready_state());
+    one_sided["topology"]["nodes"] = json!([]);
+    let one_sided = one_sided.to_string();
+
+    let mut d = Driver::new(config());
+    compute_submit(&mut d);
+    d.answer(
+        Method::Post,
+        "/instance",
+        200,
+        &read("runC/create_instance.json"),
+    );
+    let mut polls = 0;
+    loop {
+        assert_eq!(d.target(), Target::Management);
+        d.answer(Method::Get, "/state", 200, &ready_state());
+        assert_eq!(d.target(), Target::Compute, "the second side, every cycle");
+        d.answer(Method::Get, "/state", 200, &one_sided);
+        assert!(
+            !d.log.iter().any(|e| matches!(e, Effect::Probe { .. })),
+            "no probe while one side disagrees"
+        );
+        polls += 1;
+        match d.last.as_slice() {
+            [Effect::WakeAt(at)] => {
+                let at = at.0;
+                d.at(at, Input::Wake);
+            }
+            _ => break,
+        }
+        assert!(polls < 100);
+    }
+    assert!(!d.outcome().is_placed(), "{}", d.outcome());
+
+    let mut d = Driver::new(config());
+    compute_submit(&mut d);
+    d.answer(
+        Method::Post,
+        "/instance",
+        200,
+        &read("runC/create_instance.json"),
+    );
+    d.answer(Method::Get, "/state", 200, &ready_state());
+    d.answer(Method::Get, "/state", 200, &ready_state());
+    d.probe(ProbeResult::Completed { served_by: None });
+    assert!(d.outcome().is_placed(), "{}", d.outcome());
 }

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use den_protocol::ids::NodeId;
 use den_protocol::placement::{
     Effect, FailureReason, Fence, Input, Note, Outcome, PlacementRequest, PlacementWorkflow,
-    ProbeResult, Rejection, RequestSeq, StepKind, TransportFailure, UncertainReason,
+    ProbeResult, Rejection, RequestSeq, StepKind, Target, TransportFailure, UncertainReason,
     WorkflowConfig,
 };
 use den_protocol::skulk::{HttpIntent, InstanceId, Method, ModelId};
@@ -53,7 +53,20 @@ impl Driver {
         self.last
             .iter()
             .find_map(|e| match e {
-                Effect::Http { request, intent } => Some((*request, intent.clone())),
+                Effect::Http {
+                    request, intent, ..
+                } => Some((*request, intent.clone())),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("no HTTP effect in {:?}", self.last))
+    }
+
+    /// Which API the pending HTTP effect is for.
+    pub(crate) fn target(&self) -> Target {
+        self.last
+            .iter()
+            .find_map(|e| match e {
+                Effect::Http { target, .. } => Some(*target),
                 _ => None,
             })
             .unwrap_or_else(|| panic!("no HTTP effect in {:?}", self.last))
@@ -154,6 +167,7 @@ pub(crate) fn request() -> PlacementRequest {
         management_node: Some(NodeId::from(RUN_C_NODE)),
         approved_card_digest: None,
         hard_expiry: None,
+        compute: false,
     }
 }
 
@@ -428,6 +442,7 @@ fn placement_preview_whose_node_to_runner_keys_differ_is_not_selected() {
         management_node: None,
         approved_card_digest: None,
         hard_expiry: None,
+        compute: false,
     };
     // wanted {alpha, bravo}: the alpha-only previews come first and are skipped
     let mut d = Driver::new(config());

@@ -69,6 +69,7 @@ fn request() -> PlacementRequest {
         management_node: Some(NodeId::from(NODE)),
         approved_card_digest: None,
         hard_expiry: None,
+        compute: false,
     }
 }
 
@@ -707,4 +708,68 @@ async fn placement_runtime_den_delete_confirms_the_instance_is_gone() {
         "{stderr}"
     );
     assert!(stderr.contains(INSTANCE), "{stderr}");
+}
+
+/// `den place --compute URL`, the real binary against two fixture servers: the compute
+/// node's own API is bound by its `/node_id` (one of the wanted nodes, else refused with
+/// exit 3 before anything is posted) and its `/state` is polled beside the management
+/// API's, from the baseline through readiness. The management token never goes to the
+/// compute origin.
+#[tokio::test]
+async fn placement_runtime_den_place_polls_the_compute_node_too() {
+    let place = |url: String, compute: String, home: std::path::PathBuf| async move {
+        let args = [
+            "--token",
+            TOKEN,
+            "place",
+            MODEL,
+            "--node",
+            NODE,
+            "--yes",
+            "--json",
+            "--wait",
+            "20s",
+            "--compute",
+            &compute,
+        ];
+        den_cli(&url, &home, &args).await
+    };
+
+    // a compute endpoint that is another node: refused, nothing posted
+    let management = server("placement_accepted_ready.json", &[]);
+    let other = server(
+        "compute_node_ready.json",
+        &[("NODE", "12D3KooWNotTheWantedNode")],
+    );
+    let state = temp_dir().expect("tempdir");
+    let out = place(management.url(), other.url(), state.path().to_path_buf()).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(3), "{stdout}");
+    assert!(stdout.contains("12D3KooWNotTheWantedNode"), "{stdout}");
+    assert_eq!(count(&requests(&management), "POST", "/instance"), 0);
+    assert_eq!(count(&requests(&other), "GET", "/state"), 0);
+
+    // the wanted node: both sides polled, placed
+    let management = server("placement_accepted_ready.json", &[]);
+    let compute = server("compute_node_ready.json", &[("NODE", NODE)]);
+    let state = temp_dir().expect("tempdir");
+    let out = place(management.url(), compute.url(), state.path().to_path_buf()).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen = requests(&compute);
+    assert_eq!(count(&seen, "GET", "/node_id"), 1);
+    assert!(
+        count(&seen, "GET", "/state") >= 2,
+        "baseline and reconciliation: {seen:?}"
+    );
+    assert!(
+        seen.iter().all(|r| r.authorization.is_none()),
+        "the management token stays with the management origin"
+    );
+    assert_eq!(count(&requests(&management), "POST", "/instance"), 1);
 }

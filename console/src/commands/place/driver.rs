@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use den_protocol::placement::{
     Effect, Fence, Input, Outcome, PlacementRequest, PlacementWorkflow, ProbeResult, StepKind,
-    WorkflowConfig,
+    Target, TransportFailure, WorkflowConfig,
 };
 use den_protocol::skulk::{HttpIntent, InstanceId, Method};
 use den_protocol::time::Millis;
@@ -73,6 +73,8 @@ pub enum PlaceError {
 #[derive(Clone)]
 pub struct PlaceDriver {
     client: ManagementClient,
+    /// The compute node's own API, polled beside the management API (`--compute`).
+    compute: Option<ManagementClient>,
     store: FenceStore,
     config: WorkflowConfig,
     clock: Clock,
@@ -96,6 +98,7 @@ impl PlaceDriver {
     pub fn new(client: ManagementClient, store: FenceStore, config: WorkflowConfig) -> Self {
         PlaceDriver {
             client,
+            compute: None,
             store,
             config,
             clock: Clock::start(),
@@ -113,6 +116,12 @@ impl PlaceDriver {
     /// Ask before writing the fence (see [`ConfirmFn`]). Without it nothing is asked.
     pub fn with_confirmation(mut self, confirm: Arc<ConfirmFn>) -> Self {
         self.confirm = Some(confirm);
+        self
+    }
+
+    /// Poll the compute node's own API too ([`Target::Compute`]).
+    pub fn with_compute(mut self, compute: Option<ManagementClient>) -> Self {
+        self.compute = compute;
         self
     }
 
@@ -236,15 +245,29 @@ impl Run<'_> {
     async fn interpret(&mut self, effect: Effect) -> Result<Option<(Input, After)>, PlaceError> {
         let d = self.driver;
         match effect {
-            Effect::Http { request, intent } => {
-                let what = intent.to_string();
+            Effect::Http {
+                request,
+                intent,
+                target,
+            } => {
+                let (client, what) = match target {
+                    Target::Management => (Some(&d.client), intent.to_string()),
+                    Target::Compute => (d.compute.as_ref(), format!("compute {intent}")),
+                };
+                let Some(client) = client else {
+                    let failure = TransportFailure {
+                        sent: false,
+                        detail: "no compute endpoint is configured (--compute URL)".to_owned(),
+                    };
+                    return Ok(Some((Input::HttpFailed { request, failure }, After::Other)));
+                };
                 let after = if intent.method == Method::Get && intent.path == "/state" {
                     After::StatePoll
                 } else {
                     After::Other
                 };
                 self.emit(Progress::Request { what: what.clone() });
-                let input = match d.client.execute(&intent).await {
+                let input = match client.execute(&intent).await {
                     Ok(answer) => {
                         self.emit(Progress::Answer {
                             what,
@@ -346,7 +369,8 @@ impl Run<'_> {
     /// Writes the fence durably (on a blocking thread: it fsyncs).
     async fn persist(&self, fence: &Fence) -> Result<PathBuf, String> {
         let d = self.driver;
-        let stored = StoredFence::new(d.client.origin(), d.clock.fence_to_disk(fence));
+        let mut stored = StoredFence::new(d.client.origin(), d.clock.fence_to_disk(fence));
+        stored.compute = d.compute.as_ref().map(ManagementClient::origin);
         let store = d.store.clone();
         match tokio::task::spawn_blocking(move || store.write(&stored)).await {
             Ok(Ok(path)) => Ok(path),

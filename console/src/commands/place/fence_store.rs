@@ -41,6 +41,10 @@ pub struct StoredFence {
     pub version: u32,
     /// The management origin the submission went to, e.g. `http://127.0.0.1:52415`.
     pub origin: String,
+    /// The compute node's own API that was polled beside it (`--compute`), so that a
+    /// resumed reconciliation polls both sides again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute: Option<String>,
     /// Times in wall-clock UNIX milliseconds.
     pub fence: Fence,
 }
@@ -51,6 +55,7 @@ impl StoredFence {
             kind: FENCE_KIND.to_owned(),
             version: FENCE_FILE_VERSION,
             origin: origin.into(),
+            compute: None,
             fence: fence_unix,
         }
     }

@@ -117,6 +117,8 @@ pub struct PlaceArgs {
     pub approved_card_digest: Option<String>,
     /// The external resource's expiry (UNIX ms): an upper bound for every deadline.
     pub hard_expiry_unix_ms: Option<u64>,
+    /// The compute node's own API (`--compute URL`), polled beside the management API.
+    pub compute: Option<String>,
 }
 
 impl PlaceArgs {
@@ -128,6 +130,7 @@ impl PlaceArgs {
             management_node: None,
             approved_card_digest: None,
             hard_expiry_unix_ms: None,
+            compute: None,
         }
     }
 }
@@ -173,9 +176,21 @@ pub async fn place_with(
     // left its fence: reconcile that submission instead of posting a second instance —
     // the blind repeat the integration guide forbids.
     let earlier = same_intent(&store.list()?, &client.origin(), &args.model, &nodes);
+    // The token belongs to the management origin: a compute endpoint elsewhere gets none
+    // (Skulk's /node_id and /state need none).
+    let compute_url = earlier
+        .as_ref()
+        .and_then(|e| e.compute.clone())
+        .or_else(|| args.compute.clone());
+    let compute = match compute_url {
+        Some(url) => Some(compute_client(&client, &url)?),
+        None => None,
+    };
+    let computing = compute.is_some();
     let mut driver = PlaceDriver::new(client, store, workflow.clone())
         .with_probe_timeout(probe_timeout)
-        .with_progress(progress);
+        .with_progress(progress)
+        .with_compute(compute);
     if let Some(stored) = earlier {
         return driver.resume(stored).await;
     }
@@ -192,8 +207,22 @@ pub async fn place_with(
         management_node: args.management_node,
         approved_card_digest: args.approved_card_digest,
         hard_expiry,
+        compute: computing,
     };
     driver.place(request).await
+}
+
+/// A client for the compute node's API: the management token only when it is the
+/// management origin itself.
+pub fn compute_client(
+    management: &ManagementClient,
+    url: &str,
+) -> Result<ManagementClient, PlaceError> {
+    let probe = ManagementClient::new(url, None, management.timeout())?;
+    let token = (probe.origin() == management.origin())
+        .then(|| management.token().map(str::to_owned))
+        .flatten();
+    Ok(ManagementClient::new(url, token, management.timeout())?)
 }
 
 /// The stored fence of an earlier submission of the same intent (origin, model, node

@@ -30,6 +30,7 @@ fn fence(id: &str) -> Fence {
         model_id: ModelId::from("org/model"),
         nodes: BTreeSet::from([NodeId::from("n1")]),
         management_node: Some(NodeId::from("n1")),
+        compute_node: None,
         context_tokens: Some(4096),
         request: CreateInstanceRequest {
             instance: instance(id),

@@ -7,7 +7,7 @@ mod submit;
 
 use super::{
     Effect, FailureReason, Fence, Input, Note, Outcome, PlacementRequest, RequestSeq, StepKind,
-    TransportFailure, UncertainReason, WorkflowConfig,
+    Target, TransportFailure, UncertainReason, WorkflowConfig,
 };
 use crate::evidence::{
     EndpointLabel, EvidenceReducer, Input as EvidenceInput, PollObservation, PollResult,
@@ -18,19 +18,23 @@ use crate::skulk::error::ApiError;
 use crate::skulk::{CommandId, HttpIntent, Instance, InstanceId};
 use crate::time::Millis;
 
-/// The label of the management endpoint inside the workflow's evidence reducer.
+/// The labels of the endpoints inside the workflow's evidence reducer.
 const MANAGEMENT: &str = "management";
+const COMPUTE: &str = "compute";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Step {
     Idle,
     Identity,
+    ComputeIdentity,
     Requirements,
     Previews,
     Baseline,
+    ComputeBaseline,
     Fencing,
     Submitting,
     Reconciling,
+    ReconcilingCompute,
     Probing,
     Done,
 }
@@ -68,6 +72,7 @@ pub struct PlacementWorkflow {
     next_seq: u64,
     outstanding: Option<RequestSeq>,
     management_node: Option<NodeId>,
+    compute_node: Option<NodeId>,
     requirements: Option<ModelRequirements>,
     selected: Option<Instance>,
     fence: Option<Fence>,
@@ -91,6 +96,7 @@ impl PlacementWorkflow {
             next_seq: 0,
             outstanding: None,
             management_node: None,
+            compute_node: None,
             requirements: None,
             selected: None,
             fence: None,
@@ -184,6 +190,9 @@ impl PlacementWorkflow {
         match self.step {
             Step::Idle => StepKind::Idle,
             Step::Identity => StepKind::CheckingIdentity,
+            Step::ComputeIdentity | Step::ComputeBaseline | Step::ReconcilingCompute => {
+                StepKind::CheckingCompute
+            }
             Step::Requirements => StepKind::ReadingRequirements,
             Step::Previews => StepKind::Previewing,
             Step::Baseline => StepKind::ReadingBaseline,
@@ -198,6 +207,9 @@ impl PlacementWorkflow {
     fn on_answer(&mut self, now: Millis, answer: Answer) -> Vec<Effect> {
         match self.step {
             Step::Identity => self.on_identity(now, answer),
+            Step::ComputeIdentity => self.on_compute_identity(now, answer),
+            Step::ComputeBaseline => self.on_compute_baseline(now, answer),
+            Step::ReconcilingCompute => self.on_compute_state(now, answer),
             Step::Requirements => self.on_requirements(answer),
             Step::Previews => self.on_previews(now, answer),
             Step::Baseline => self.on_baseline(now, answer),
@@ -222,6 +234,15 @@ impl PlacementWorkflow {
         self.observe(now, EvidenceInput::Poll(observation));
     }
 
+    fn feed_compute_poll(&mut self, now: Millis, result: PollResult) {
+        let observation = PollObservation {
+            endpoint: compute(),
+            node_id: self.compute_node.clone(),
+            result,
+        };
+        self.observe(now, EvidenceInput::Poll(observation));
+    }
+
     fn next_seq(&mut self) -> RequestSeq {
         self.next_seq = self.next_seq.saturating_add(1);
         let seq = RequestSeq(self.next_seq);
@@ -231,7 +252,20 @@ impl PlacementWorkflow {
 
     fn http(&mut self, intent: HttpIntent) -> Effect {
         let request = self.next_seq();
-        Effect::Http { request, intent }
+        Effect::Http {
+            request,
+            intent,
+            target: Target::Management,
+        }
+    }
+
+    fn http_compute(&mut self, intent: HttpIntent) -> Effect {
+        let request = self.next_seq();
+        Effect::Http {
+            request,
+            intent,
+            target: Target::Compute,
+        }
     }
 
     /// Accepts an answer only for the outstanding request (fencing of late answers).
@@ -303,6 +337,10 @@ impl PlacementWorkflow {
 
 pub(super) fn management() -> EndpointLabel {
     EndpointLabel::from(MANAGEMENT)
+}
+
+pub(super) fn compute() -> EndpointLabel {
+    EndpointLabel::from(COMPUTE)
 }
 
 pub(super) fn bound(t: Millis, limit: Option<Millis>) -> Millis {

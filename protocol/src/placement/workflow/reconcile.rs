@@ -72,25 +72,7 @@ impl PlacementWorkflow {
     }
 
     pub(super) fn on_state(&mut self, now: Millis, answer: Answer) -> Vec<Effect> {
-        let result = match &answer {
-            Answer::Response { status, body } if (200..300).contains(status) => {
-                match serde_json::from_str::<State>(body) {
-                    Ok(state) => PollResult::State(Box::new(state)),
-                    Err(e) => PollResult::Failed(PollFailure {
-                        kind: PollFailureKind::Decode,
-                        detail: e.to_string(),
-                    }),
-                }
-            }
-            Answer::Response { status, .. } => PollResult::Failed(PollFailure {
-                kind: PollFailureKind::Http(*status),
-                detail: answer.failure_detail(),
-            }),
-            Answer::Failed(f) => PollResult::Failed(PollFailure {
-                kind: PollFailureKind::Transport,
-                detail: f.detail.clone(),
-            }),
-        };
+        let result = poll_result(&answer);
         if let PollResult::Failed(failure) = &result {
             self.notes.push(Note::PollFailed {
                 detail: failure.to_string(),
@@ -104,6 +86,27 @@ impl PlacementWorkflow {
         if let Some(message) = rejected {
             return self.finish_failed(FailureReason::CommandRejected { message }, true);
         }
+        if self.compute_node.is_some() {
+            // The second side before judging: readiness needs both views fresh.
+            self.step = Step::ReconcilingCompute;
+            return vec![self.http_compute(HttpIntent::state())];
+        }
+        self.judge_and_wait(now)
+    }
+
+    pub(super) fn on_compute_state(&mut self, now: Millis, answer: Answer) -> Vec<Effect> {
+        let result = poll_result(&answer);
+        if let PollResult::Failed(failure) = &result {
+            self.notes.push(Note::PollFailed {
+                detail: format!("compute node: {failure}"),
+            });
+        }
+        self.feed_compute_poll(now, result);
+        self.step = Step::Reconciling;
+        self.judge_and_wait(now)
+    }
+
+    fn judge_and_wait(&mut self, now: Millis) -> Vec<Effect> {
         if let Some(effects) = self.judge(now) {
             return effects;
         }
@@ -355,5 +358,28 @@ impl PlacementWorkflow {
                     _ => None,
                 })
         })
+    }
+}
+
+/// A `/state` answer as the evidence reducer's poll result.
+fn poll_result(answer: &Answer) -> PollResult {
+    match answer {
+        Answer::Response { status, body } if (200..300).contains(status) => {
+            match serde_json::from_str::<State>(body) {
+                Ok(state) => PollResult::State(Box::new(state)),
+                Err(e) => PollResult::Failed(PollFailure {
+                    kind: PollFailureKind::Decode,
+                    detail: e.to_string(),
+                }),
+            }
+        }
+        Answer::Response { status, .. } => PollResult::Failed(PollFailure {
+            kind: PollFailureKind::Http(*status),
+            detail: answer.failure_detail(),
+        }),
+        Answer::Failed(f) => PollResult::Failed(PollFailure {
+            kind: PollFailureKind::Transport,
+            detail: f.detail.clone(),
+        }),
     }
 }

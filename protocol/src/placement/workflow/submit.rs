@@ -1,6 +1,6 @@
 //! Identity, requirements, preview selection, baseline, fence and submission.
 
-use super::{Answer, PlacementWorkflow, Step, bound, management};
+use super::{Answer, PlacementWorkflow, Step, bound, compute, management};
 use crate::evidence::{Input as EvidenceInput, PollResult};
 use crate::ids::NodeId;
 use crate::placement::select::{Criteria, select_preview};
@@ -25,6 +25,7 @@ impl PlacementWorkflow {
             management_node: fence.management_node.clone(),
             approved_card_digest: None,
             hard_expiry: fence.hard_expiry,
+            compute: fence.compute_node.is_some(),
         });
         self.selected = Some(fence.request.instance.clone());
         self.notes.push(Note::Resumed {
@@ -84,6 +85,14 @@ impl PlacementWorkflow {
                 expected_node: Some(node),
             },
         );
+        if self.request.as_ref().is_some_and(|r| r.compute) && self.compute_node.is_none() {
+            self.step = Step::ComputeIdentity;
+            return vec![self.http_compute(HttpIntent::node_id())];
+        }
+        self.after_identity(now)
+    }
+
+    fn after_identity(&mut self, now: Millis) -> Vec<Effect> {
         if self.resumed {
             return self.enter_reconciliation(now);
         }
@@ -93,6 +102,61 @@ impl PlacementWorkflow {
         let intent = HttpIntent::model_requirements(&request.model_id, request.context_tokens);
         self.step = Step::Requirements;
         vec![self.http(intent)]
+    }
+
+    /// The compute node's own `/node_id`: it must be one of the wanted nodes (and, after
+    /// a restart, the one the fence bound). Its endpoint is then registered bound to it,
+    /// so every later `/state` it answers is the second side of the evidence.
+    pub(super) fn on_compute_identity(&mut self, now: Millis, answer: Answer) -> Vec<Effect> {
+        let observed = match answer.ok_body() {
+            Some(body) => serde_json::from_str::<NodeId>(body)
+                .map_err(|e| format!("unreadable /node_id answer: {e}")),
+            None => Err(answer.failure_detail()),
+        };
+        let node = match observed {
+            Ok(node) => node,
+            Err(detail) if self.resumed => {
+                self.notes.push(Note::PollFailed {
+                    detail: format!("compute node: {detail}"),
+                });
+                return self.after_identity(now);
+            }
+            Err(detail) => {
+                let detail = format!("compute node: {detail}");
+                return self.finish_failed(FailureReason::IdentityUnavailable { detail }, false);
+            }
+        };
+        if let Some(expected) = self.fence.as_ref().and_then(|f| f.compute_node.clone())
+            && expected != node
+        {
+            return self.finish_uncertain(UncertainReason::ComputeIdentityChanged {
+                expected,
+                observed: node,
+            });
+        }
+        let wanted: Vec<NodeId> = self
+            .request
+            .as_ref()
+            .map(|r| r.nodes.iter().cloned().collect())
+            .unwrap_or_default();
+        if !wanted.contains(&node) {
+            return self.finish_failed(
+                FailureReason::ComputeNotWanted {
+                    observed: node,
+                    wanted,
+                },
+                false,
+            );
+        }
+        self.compute_node = Some(node.clone());
+        self.observe(
+            now,
+            EvidenceInput::Endpoint {
+                endpoint: compute(),
+                expected_node: Some(node),
+            },
+        );
+        self.after_identity(now)
     }
 
     pub(super) fn on_requirements(&mut self, answer: Answer) -> Vec<Effect> {
@@ -227,28 +291,66 @@ impl PlacementWorkflow {
                 return self.finish_failed(FailureReason::StateUnavailable { detail }, false);
             }
         };
-        let Some(request) = self.request.clone() else {
-            return Vec::new();
+        if let Some(failed) = self.check_topology(&state) {
+            return failed;
+        }
+        // The baseline is evidence too: download history from before the submission is
+        // then recognisable as such.
+        self.feed_poll(now, PollResult::State(Box::new(state)));
+        if self.compute_node.is_some() {
+            self.step = Step::ComputeBaseline;
+            return vec![self.http_compute(HttpIntent::state())];
+        }
+        self.ask_previews()
+    }
+
+    /// The compute node's baseline: its own topology must list the wanted nodes too
+    /// (membership is two-sided), and its retained download history predates the
+    /// submission like the management API's.
+    pub(super) fn on_compute_baseline(&mut self, now: Millis, answer: Answer) -> Vec<Effect> {
+        let state = match answer.ok_body().map(serde_json::from_str::<State>) {
+            Some(Ok(state)) => state,
+            Some(Err(e)) => {
+                let detail = format!("compute node: unreadable /state: {e}");
+                return self.finish_failed(FailureReason::StateUnavailable { detail }, false);
+            }
+            None => {
+                let detail = format!("compute node: {}", answer.failure_detail());
+                return self.finish_failed(FailureReason::StateUnavailable { detail }, false);
+            }
         };
+        if let Some(failed) = self.check_topology(&state) {
+            return failed;
+        }
+        self.feed_compute_poll(now, PollResult::State(Box::new(state)));
+        self.ask_previews()
+    }
+
+    fn check_topology(&mut self, state: &State) -> Option<Vec<Effect>> {
+        let request = self.request.as_ref()?;
         let missing: Vec<NodeId> = request
             .nodes
             .iter()
             .filter(|n| !state.topology.contains(n))
             .cloned()
             .collect();
-        if !missing.is_empty() {
-            let known = state.topology.nodes.clone();
-            return self.finish_failed(
-                FailureReason::TargetNotInTopology {
-                    nodes: missing,
-                    known,
-                },
-                false,
-            );
+        if missing.is_empty() {
+            return None;
         }
-        // The baseline is evidence too: download history from before the submission is
-        // then recognisable as such.
-        self.feed_poll(now, PollResult::State(Box::new(state)));
+        let known = state.topology.nodes.clone();
+        Some(self.finish_failed(
+            FailureReason::TargetNotInTopology {
+                nodes: missing,
+                known,
+            },
+            false,
+        ))
+    }
+
+    fn ask_previews(&mut self) -> Vec<Effect> {
+        let Some(request) = &self.request else {
+            return Vec::new();
+        };
         let intent = HttpIntent::previews(&request.model_id, &request.nodes, []);
         self.step = Step::Previews;
         vec![self.http(intent)]
@@ -275,6 +377,7 @@ impl PlacementWorkflow {
             model_id: request.model_id.clone(),
             nodes: request.nodes.clone(),
             management_node: self.management_node.clone(),
+            compute_node: self.compute_node.clone(),
             context_tokens: request.context_tokens,
             request: CreateInstanceRequest { instance },
             created_at: now,
