@@ -7,9 +7,13 @@
 //! the server refused, failed; one that may have reached it without an answer (a
 //! timeout after sending, a 5xx) is uncertain — look at the cluster before retrying.
 
+pub mod cleanup;
+mod delete;
 pub mod oneshot;
 pub mod place;
 pub mod reconcile;
+
+pub use delete::DELETE_CONFIRM;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -157,57 +161,6 @@ async fn place(
     }
 }
 
-/// How long `delete` watches `/state` for the instance to go after the acknowledgement.
-pub const DELETE_CONFIRM: Duration = Duration::from_secs(10);
-const DELETE_POLL: Duration = Duration::from_millis(250);
-
-/// A management API acknowledges a `DELETE` before the instance is gone (Skulk queues a
-/// command): the deletion is done only once `/state` no longer lists it. Within
-/// `within`: ok; after: uncertain, "deletion requested, not yet confirmed".
-async fn confirm_deleted(
-    client: &ManagementClient,
-    id: &InstanceId,
-    acknowledged: Finished,
-    within: Duration,
-    every: Duration,
-) -> Finished {
-    let t0 = std::time::Instant::now();
-    let last_problem = loop {
-        let problem = match client
-            .get_json::<den_protocol::skulk::state::State>("/state")
-            .await
-        {
-            Ok((state, _)) if !state.instances.contains_key(id) => {
-                return Finished {
-                    status: CommandStatus::Ok,
-                    detail: format!(
-                        "{}; {id} is gone from /state after {} ms",
-                        acknowledged.detail,
-                        t0.elapsed().as_millis()
-                    ),
-                    outcome: None,
-                    exit_code: None,
-                };
-            }
-            Ok(_) => format!("{id} is still listed in /state"),
-            Err(e) => format!("/state could not be read: {e}"),
-        };
-        if t0.elapsed() >= within {
-            break problem;
-        }
-        tokio::time::sleep(every).await;
-    };
-    Finished {
-        status: CommandStatus::Uncertain,
-        detail: format!(
-            "deletion requested, not yet confirmed: {last_problem} {} s after the acknowledgement; check with `den status`",
-            within.as_secs()
-        ),
-        outcome: None,
-        exit_code: None,
-    }
-}
-
 /// How a command ended, for the caller (and the exit code of a subcommand).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Finished {
@@ -256,27 +209,17 @@ pub async fn execute(
         }
         Command::Delete { instance } => {
             let id = InstanceId::new(instance.as_str());
-            let target = targets.management_for(preferred.as_ref());
-            let intent = HttpIntent::delete_instance(&id);
-            let sent = send_to(
-                target,
-                "delete needs a management API (--skulk or --router)",
-                intent.path,
-                Method::Delete,
-                tx,
-                &progress,
-            )
-            .await;
-            match target {
-                Some((_, client)) if sent.status == CommandStatus::Ok => {
-                    let _ = tx
-                        .send(progress(format!(
-                            "deletion acknowledged; waiting for {id} to leave /state"
-                        )))
-                        .await;
-                    confirm_deleted(client, &id, sent, DELETE_CONFIRM, DELETE_POLL).await
+            match targets.management_for(preferred.as_ref()) {
+                Some(target) => {
+                    let store = cleanup::CleanupStore::beside_fences(&targets.fence_dir);
+                    delete::delete_with_intent(target, &id, &store, tx, &progress).await
                 }
-                _ => sent,
+                None => Finished {
+                    status: CommandStatus::Failed,
+                    detail: "delete needs a management API (--skulk or --router)".to_owned(),
+                    outcome: None,
+                    exit_code: None,
+                },
             }
         }
         Command::Place {

@@ -2,8 +2,10 @@
 //! was submitted to ([`place::resume_all`] per configured endpoint), straight into
 //! reconciliation — never a second `POST /instance`. One line per fence: its instance,
 //! and placed / failed (why) / uncertain (why, the fence kept) / left alone (unreadable,
-//! or submitted to an origin not configured here). Exit 2 if any is still uncertain,
-//! else 1 if any failed or could not be resumed, else 0.
+//! or submitted to an origin not configured here). Then every stored cleanup intent
+//! (a `den delete` whose absence was never confirmed) is retried until `/state` stops
+//! listing the instance: deleted / deletion-pending / deletion-failed. Exit 2 if any is
+//! still uncertain or pending, else 1 if any failed or could not be resumed, else 0.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -15,8 +17,10 @@ use den_protocol::placement::{Outcome, WorkflowConfig};
 use den_protocol::text::printable;
 
 use super::Targets;
+use super::cleanup::CleanupStore;
 use super::place::{self, DEFAULT_PROBE_TIMEOUT, ProgressSink, ResumeResult, Resumed};
 use crate::config::Settings;
+use den_protocol::session::CommandStatus;
 
 /// What became of one fence.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -112,13 +116,14 @@ pub async fn run(settings: &Settings, json: bool) -> ExitCode {
         eprintln!("den reconcile: no management API configured: give --skulk URL or --router URL");
         return ExitCode::from(1);
     }
-    let lines = merge(all);
+    let mut lines = merge(all);
+    lines.extend(cleanups(&targets).await);
     use std::io::Write as _;
     let mut out = std::io::stdout().lock();
     if lines.is_empty() && !json {
         let _ = writeln!(
             out,
-            "no stored placement fences in {}",
+            "no stored placement fences in {} and no pending deletions",
             targets.fence_dir.display()
         );
     }
@@ -142,4 +147,59 @@ pub async fn run(settings: &Settings, json: bool) -> ExitCode {
         lines.iter().map(|l| l.exit).max().unwrap_or(0)
     };
     ExitCode::from(code)
+}
+
+/// Every stored cleanup intent retried against the management API of its origin (one
+/// line each: deleted, deletion-pending, deletion-failed); intents for an origin not
+/// configured here, or that do not read, are named and left alone.
+async fn cleanups(targets: &Targets) -> Vec<Line> {
+    let store = CleanupStore::beside_fences(&targets.fence_dir);
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<den_protocol::session::SessionEvent>(64);
+    let printer = tokio::spawn(async move {
+        while let Some(event) = rx.recv().await {
+            if let den_protocol::session::SessionEvent::Note { text } = event {
+                eprintln!("den reconcile: {}", printable(&text));
+            }
+        }
+    });
+    let mut lines = Vec::new();
+    let origins: Vec<String> = targets.management.iter().map(|(_, c)| c.origin()).collect();
+    for entry in store.list() {
+        match entry {
+            Ok(intent) if !origins.contains(&intent.origin) => lines.push(Line {
+                instance: intent.instance_id.to_string(),
+                result: "other-origin",
+                detail: format!(
+                    "deletion requested at {}, which is not configured here: add it with --skulk or --router",
+                    intent.origin
+                ),
+                exit: 1,
+            }),
+            Ok(_) => {}
+            Err(e) => lines.push(Line {
+                instance: store.dir().display().to_string(),
+                result: "unreadable",
+                detail: e,
+                exit: 1,
+            }),
+        }
+    }
+    for target in &targets.management {
+        for (instance, finished) in super::delete::retry(target, &store, &tx).await {
+            let (result, exit) = match finished.status {
+                CommandStatus::Ok => ("deleted", 0),
+                CommandStatus::Uncertain => ("deletion-pending", 2),
+                CommandStatus::Failed => ("deletion-failed", 1),
+            };
+            lines.push(Line {
+                instance: instance.to_string(),
+                result,
+                detail: finished.detail,
+                exit,
+            });
+        }
+    }
+    drop(tx);
+    let _ = printer.await;
+    lines
 }

@@ -699,7 +699,13 @@ async fn placement_runtime_den_delete_confirms_the_instance_is_gone() {
         1
     );
 
-    let listed = server("delete_acknowledged_still_listed.json", &[]);
+    let intents = state.path().join("den").join("cleanup-intents");
+    assert!(
+        std::fs::read_dir(&intents).map_or(true, |d| d.count() == 0),
+        "a confirmed deletion leaves no cleanup intent"
+    );
+
+    let listed = server("delete_acknowledged_gone_later.json", &[]);
     let out = run(listed.url(), vec!["--yes"]).await;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
@@ -708,6 +714,33 @@ async fn placement_runtime_den_delete_confirms_the_instance_is_gone() {
         "{stderr}"
     );
     assert!(stderr.contains(INSTANCE), "{stderr}");
+    assert!(stderr.contains("cleanup intent is kept"), "{stderr}");
+    let kept: Vec<_> = std::fs::read_dir(&intents)
+        .expect("cleanup intents")
+        .filter_map(Result::ok)
+        .collect();
+    assert_eq!(kept.len(), 1, "the unconfirmed deletion is remembered");
+
+    // den reconcile retries it until absence is confirmed, then forgets it
+    let out = den_cli(&listed.url(), state.path(), &["reconcile"]).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains(&format!("{INSTANCE}: deleted")), "{stdout}");
+    assert_eq!(
+        count(
+            &requests(&listed),
+            "DELETE",
+            &format!("/instance/{INSTANCE}")
+        ),
+        2,
+        "one DELETE per attempt"
+    );
+    assert_eq!(std::fs::read_dir(&intents).expect("dir").count(), 0);
 }
 
 /// `den place --compute URL`, the real binary against two fixture servers: the compute
