@@ -110,15 +110,30 @@ async fn place(
         })
         .await;
     let progress_tx = tx.clone();
+    let watch = std::sync::Mutex::new(place::watch::Watch::default());
     let sink = ProgressSink::from_fn(move |note| {
-        // Evidence after every poll is for the placement's own report, not the log.
-        if matches!(note.event, Progress::Evidence(_) | Progress::Waiting { .. }) {
-            return;
-        }
-        let _ = progress_tx.try_send(SessionEvent::CommandProgress {
-            id,
-            note: note.event.to_string(),
-        });
+        let text = match &note.event {
+            // The evidence after each poll becomes one line of what it is waiting for,
+            // said when that changes (and every few seconds while it moves).
+            Progress::Evidence(report) => {
+                let Ok(mut watch) = watch.lock() else { return };
+                match watch.line(note.at_ms, report) {
+                    Some(line) => line,
+                    None => return,
+                }
+            }
+            Progress::Waiting { .. } => return,
+            // A successful /state poll is the evidence line's business, not a line of
+            // its own; failures still show.
+            Progress::Request { what } if is_state_poll(what) => return,
+            Progress::Answer {
+                what,
+                status: Some(200),
+                ..
+            } if is_state_poll(what) => return,
+            event => event.to_string(),
+        };
+        let _ = progress_tx.try_send(SessionEvent::CommandProgress { id, note: text });
     });
     let mut args = PlaceArgs::new(model);
     args.nodes = nodes.iter().map(|n| NodeId::new(n.as_str())).collect();
@@ -337,6 +352,11 @@ pub fn classify(intent: &HttpIntent, result: Result<HttpAnswer, TransportFailure
             exit_code: None,
         },
     }
+}
+
+/// `GET /state` (or `compute GET /state`): a reconciliation poll.
+fn is_state_poll(what: &str) -> bool {
+    what.ends_with("GET /state")
 }
 
 #[cfg(test)]

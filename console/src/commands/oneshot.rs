@@ -36,10 +36,20 @@ pub async fn run(settings: &Settings, command: Command, json: bool) -> ExitCode 
     };
     let (tx, mut rx) = mpsc::channel(64);
     let verb = command.verb();
+    // Progress goes to stderr, one line per step; with --json one JSON object per line
+    // (`{"event":"progress","command":"place","note":…}`), so stdout stays the single
+    // outcome document.
     let printer = tokio::spawn(async move {
         while let Some(event) = rx.recv().await {
             if let SessionEvent::CommandProgress { note, .. } = event {
-                eprintln!("den {verb}: {}", printable(&note));
+                let note = printable(&note);
+                if json {
+                    let line =
+                        serde_json::json!({"event": "progress", "command": verb, "note": note});
+                    eprintln!("{line}");
+                } else {
+                    eprintln!("den {verb}: {note}");
+                }
             }
         }
     });

@@ -805,4 +805,26 @@ async fn placement_runtime_den_place_polls_the_compute_node_too() {
         "the management token stays with the management origin"
     );
     assert_eq!(count(&requests(&management), "POST", "/instance"), 1);
+    // --json progress: one JSON object per stderr line, the waiting summary among them,
+    // and no line per successful /state poll
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let notes: Vec<String> = stderr
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value =
+                serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"));
+            assert_eq!(v["event"], "progress", "{l}");
+            v["note"].as_str().unwrap_or_default().to_owned()
+        })
+        .collect();
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.starts_with("waiting: ") && n.contains("download")),
+        "{notes:?}"
+    );
+    assert!(
+        !notes.iter().any(|n| n.starts_with("← GET /state 200")),
+        "{notes:?}"
+    );
 }

@@ -29,6 +29,7 @@ pub(crate) mod clock;
 mod driver;
 mod fence_store;
 mod progress;
+pub mod watch;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
