@@ -140,7 +140,8 @@ pub enum Sub {
         #[arg(long)]
         json: bool,
     },
-    /// Cancel a request at the den router.
+    /// Cancel a request at the den router (--router), or, without one, a generation at
+    /// Skulk (--skulk) by its command id: POST /v1/cancel/COMMAND_ID.
     Cancel { request: String },
     /// Drain a den worker: no new offers, running work finishes.
     Drain { worker: String },

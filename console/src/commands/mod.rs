@@ -199,16 +199,25 @@ pub async fn execute(
     let progress = |note: String| SessionEvent::CommandProgress { id, note };
     let finished = match &command {
         Command::Cancel { request } => {
-            let path = format!("/v1/requests/{}/cancel", percent_encode(request));
-            send_to(
-                targets.router.as_ref(),
-                "cancel needs a den router (--router)",
-                path,
-                Method::Post,
-                tx,
-                &progress,
-            )
-            .await
+            match (&targets.router, targets.management_for(preferred.as_ref())) {
+                (Some(router), _) => {
+                    let path = format!("/v1/requests/{}/cancel", percent_encode(request));
+                    send_to(Some(router), "", path, Method::Post, tx, &progress).await
+                }
+                // Skulk's own endpoint: REQUEST is a generation's command id (the stream's
+                // `: command_id` line, or a TextGeneration task's commandId in /state).
+                (None, Some(skulk)) => {
+                    let path = format!("/v1/cancel/{}", percent_encode(request));
+                    send_to(Some(skulk), "", path, Method::Post, tx, &progress).await
+                }
+                (None, None) => Finished {
+                    status: CommandStatus::Failed,
+                    detail: "cancel needs a den router (--router) or a Skulk API (--skulk)"
+                        .to_owned(),
+                    outcome: None,
+                    exit_code: None,
+                },
+            }
         }
         Command::Drain { worker } => {
             let path = format!("/v1/workers/{}/drain", percent_encode(worker));

@@ -828,3 +828,33 @@ async fn placement_runtime_den_place_polls_the_compute_node_too() {
         "{notes:?}"
     );
 }
+
+/// `den cancel` without a den router goes to Skulk's own endpoint,
+/// `POST /v1/cancel/{command_id}`: exit 0 for a generation it knows, 1 with Skulk's
+/// refusal in one line for one it does not.
+#[tokio::test]
+async fn den_cancel_goes_to_skulk_when_no_router_is_configured() {
+    const COMMAND: &str = "3d1f6a52-9c1e-4b7e-8d7f-0e6f2b1c9a10";
+    let skulk = server("skulk_cancel.json", &[("COMMAND", COMMAND)]);
+    let state = temp_dir().expect("tempdir");
+    let out = den_cli(&skulk.url(), state.path(), &["cancel", COMMAND]).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        count(&requests(&skulk), "POST", &format!("/v1/cancel/{COMMAND}")),
+        1
+    );
+
+    let out = den_cli(&skulk.url(), state.path(), &["cancel", "not-a-command"]).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("404") && stderr.lines().count() <= 3,
+        "{stderr}"
+    );
+}
