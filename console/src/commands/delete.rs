@@ -115,17 +115,21 @@ pub async fn delete_with_intent(
         )))
         .await;
     let answer = client.execute(&request).await;
+    // No such instance: absence is confirmed (the intent goes), but the command itself
+    // failed, since an operator who typed an id expected one.
     if let Ok(a) = &answer
         && a.status == 404
     {
-        return absent(
+        let mut gone = absent(
             store,
             id,
             format!(
-                "{} {}: the server has no such instance: absence confirmed",
+                "{} {}: the server has no instance {id}: nothing to delete (check the id)",
                 request.method, request.path
             ),
         );
+        gone.status = CommandStatus::Failed;
+        return gone;
     }
     let sent = classify(&request, answer);
     if sent.status != CommandStatus::Ok {
@@ -181,7 +185,18 @@ pub async fn retry(
         if intent.origin != target.1.origin() {
             continue;
         }
-        let finished = delete_with_intent(target, &intent.instance_id, store, tx, &progress).await;
+        let mut finished =
+            delete_with_intent(target, &intent.instance_id, store, tx, &progress).await;
+        // For a retry, "no such instance" is the absence it was waiting for.
+        if finished.status == CommandStatus::Failed
+            && !store
+                .list()
+                .into_iter()
+                .filter_map(Result::ok)
+                .any(|i| i.instance_id == intent.instance_id)
+        {
+            finished.status = CommandStatus::Ok;
+        }
         out.push((intent.instance_id, finished));
     }
     out
