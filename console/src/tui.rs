@@ -203,8 +203,11 @@ pub fn start_recorder(settings: &Settings) -> Result<Option<Recorder>, RecordErr
 }
 
 pub fn model_config(settings: &Settings) -> ModelConfig {
+    let interval = u64::try_from(settings.poll_interval.as_millis()).unwrap_or(u64::MAX);
     ModelConfig {
         stale_after_ms: settings.stale_after_ms,
+        // Two answers missed, and a little more: one slow answer is not silence.
+        silent_after_ms: interval.saturating_mul(5) / 2,
         ..ModelConfig::default()
     }
 }

@@ -45,6 +45,14 @@ pub struct ModelConfig {
     pub history_len: usize,
     /// Lines kept in the Events panel.
     pub event_log_len: usize,
+    /// A connected source whose last good answer is older than this is shown silent
+    /// (a frozen node answers nothing, and each poll only fails at its timeout).
+    #[serde(default = "default_silent_after_ms")]
+    pub silent_after_ms: u64,
+}
+
+fn default_silent_after_ms() -> u64 {
+    5_000
 }
 
 impl Default for ModelConfig {
@@ -53,6 +61,7 @@ impl Default for ModelConfig {
             stale_after_ms: 10_000,
             history_len: 40,
             event_log_len: 2_000,
+            silent_after_ms: default_silent_after_ms(),
         }
     }
 }

@@ -219,10 +219,12 @@ impl Model {
         let track = self.source_mut(source);
         let first_failure = !matches!(track.api, Health::Disconnected { .. });
         track.latency_ms = Some(latency_ms);
+        // Down since the last good answer, not since den gave up on the poll that failed
+        // (a frozen node fails each poll only at its timeout).
         track.api = Health::Disconnected {
             since: match &track.api {
                 Health::Disconnected { since, .. } => *since,
-                _ => at,
+                _ => track.last_ok.unwrap_or(at).min(at),
             },
             reason: failure.to_string(),
         };

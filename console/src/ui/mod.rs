@@ -88,7 +88,7 @@ fn draw_header(
     }
     for s in sources {
         spans.push(Span::raw(" "));
-        spans.extend(source_spans(s, theme, now));
+        spans.extend(source_spans(s, theme, now, model.config().silent_after_ms));
     }
     let mut right = Vec::new();
     if app.read_only {
@@ -136,7 +136,12 @@ fn draw_header(
 }
 
 /// `● router 12ms`, `○ skulk connecting`, `✗ skulk down 30s: reason`.
-fn source_spans(s: &SourceRow, theme: &Theme, now: Millis) -> Vec<Span<'static>> {
+fn source_spans(
+    s: &SourceRow,
+    theme: &Theme,
+    now: Millis,
+    silent_after_ms: u64,
+) -> Vec<Span<'static>> {
     let kind = match s.kind {
         SourceKind::DenRouter => "router",
         SourceKind::Skulk => "skulk",
@@ -147,6 +152,19 @@ fn source_spans(s: &SourceRow, theme: &Theme, now: Millis) -> Vec<Span<'static>>
         format!("{kind}:{}", s.source)
     };
     match s.health() {
+        // Connected, but nothing has answered for a while: not green. A frozen node
+        // (SIGSTOP) looks like this until its polls time out.
+        Health::Connected if s.last_ok.is_some_and(|t| now.since(t) > silent_after_ms) => {
+            let age = s.last_ok.map_or(0, |t| now.since(t));
+            vec![
+                Span::styled("◐ ", theme.level(Level::Warn)),
+                Span::styled(name, theme.base()),
+                Span::styled(
+                    format!(" silent {}", cells::age(age)),
+                    theme.level(Level::Warn),
+                ),
+            ]
+        }
         Health::Connected => {
             let latency = s.latency_ms.map_or_else(String::new, |l| format!(" {l}ms"));
             vec![

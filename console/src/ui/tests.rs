@@ -188,3 +188,61 @@ fn stale_rows_are_drawn_aged() {
     let again = draw(&mut app, &SCENARIO, &theme, SCENARIO_NOW, 120, 40);
     assert_eq!(buf, again);
 }
+
+/// A frozen Skulk node (SIGSTOP) answers nothing, and each poll fails only at its
+/// timeout: the header says "silent" once two answers are missed, instead of staying
+/// green, and once the poll fails "down" counts from the last good answer, not from
+/// den's verdict.
+#[test]
+fn a_frozen_source_is_silent_then_down_since_its_last_answer() {
+    use den_protocol::evidence::{PollFailure, PollFailureKind};
+    use den_protocol::session::{SessionEvent, SourceKind, Stamped};
+    let state = fixtures::skulk_state("runC/state_idle.json").expect("state");
+    let at = |ms: u64, event: SessionEvent| Stamped::new(Millis(ms), event);
+    let mut events = vec![
+        at(
+            0,
+            SessionEvent::SourceAdded {
+                source: "skulk".into(),
+                kind: SourceKind::Skulk,
+                url: "http://127.0.0.1:52415".into(),
+            },
+        ),
+        at(
+            1_000,
+            SessionEvent::SkulkState {
+                source: "skulk".into(),
+                state: Box::new(state),
+                latency_ms: 3,
+                received_unix_ms: None,
+            },
+        ),
+    ];
+    let header = |events: &[Stamped], now: u64| {
+        let model = model_of(events);
+        let mut app = App::default();
+        let text = frame(&mut app, &model, "dark", Millis(now), 120, 20);
+        text.lines().next().unwrap_or_default().to_owned()
+    };
+    assert!(
+        header(&events, 3_000).contains("● skulk 3ms"),
+        "{}",
+        header(&events, 3_000)
+    );
+    let silent = header(&events, 7_000);
+    assert!(silent.contains("◐ skulk silent 6s"), "{silent}");
+    events.push(at(
+        11_000,
+        SessionEvent::PollFailed {
+            source: "skulk".into(),
+            endpoint: "/state".into(),
+            failure: PollFailure {
+                kind: PollFailureKind::Timeout,
+                detail: "operation timed out".into(),
+            },
+            latency_ms: 10_000,
+        },
+    ));
+    let down = header(&events, 12_000);
+    assert!(down.contains("✗ skulk down 11s"), "{down}");
+}
