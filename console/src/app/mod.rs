@@ -65,6 +65,9 @@ pub enum Effect {
 pub struct Flash {
     pub level: Level,
     pub text: String,
+    /// The command this flash announced: replaced by its outcome when that arrives, so
+    /// a placement the previews refuse does not keep saying "sent".
+    pub command: Option<CommandSeq>,
 }
 
 #[derive(Debug, Clone)]
@@ -134,6 +137,34 @@ impl App {
     pub fn prepare(&mut self, model: &Model) {
         let panel = self.focus;
         dispatch_panel!(panel, rebuild(self.table_mut(panel), model));
+        self.settle_flash(model);
+    }
+
+    /// A flash that announced a command shows how it ended once it has.
+    fn settle_flash(&mut self, model: &Model) {
+        let Some(flash) = &mut self.flash else {
+            return;
+        };
+        let Some(id) = flash.command else {
+            return;
+        };
+        let Some(track) = model.commands().get(&id) else {
+            return;
+        };
+        let Some((status, detail)) = &track.outcome else {
+            return;
+        };
+        flash.level = match status {
+            den_protocol::session::CommandStatus::Ok => Level::Good,
+            den_protocol::session::CommandStatus::Failed => Level::Bad,
+            den_protocol::session::CommandStatus::Uncertain => Level::Unknown,
+        };
+        flash.text = den_protocol::text::one_line(&format!(
+            "{} ({id}) {status}: {detail}",
+            track.text,
+            status = status.as_str()
+        ));
+        flash.command = None;
     }
 
     /// Apply one action.
@@ -269,6 +300,7 @@ impl App {
                     self.flash = Some(Flash {
                         level: Level::Bad,
                         text: e.to_string(),
+                        command: None,
                     });
                 }
             },
@@ -293,6 +325,7 @@ impl App {
                 self.flash = Some(Flash {
                     level: Level::Warn,
                     text: format!("replay: `{command}` refused: commands are disabled in a replay"),
+                    command: None,
                 });
             }
             command if self.read_only => {
@@ -302,6 +335,7 @@ impl App {
                 self.flash = Some(Flash {
                     level: Level::Bad,
                     text: text.clone(),
+                    command: None,
                 });
                 return vec![Effect::Note(text)];
             }
@@ -318,6 +352,7 @@ impl App {
                 self.flash = Some(Flash {
                     level: Level::Info,
                     text: format!("{command} ({id}) sent; progress in Events (6)"),
+                    command: Some(id),
                 });
                 vec![Effect::Execute { id, command }]
             }
@@ -325,6 +360,7 @@ impl App {
                 self.flash = Some(Flash {
                     level: Level::Info,
                     text: format!("not sent: {command}"),
+                    command: None,
                 });
                 Vec::new()
             }
@@ -381,6 +417,7 @@ impl App {
                 self.flash = Some(Flash {
                     level: Level::Warn,
                     text: why.to_owned(),
+                    command: None,
                 });
                 Vec::new()
             }

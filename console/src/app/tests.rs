@@ -338,3 +338,54 @@ fn quit_from_anywhere() {
     assert_eq!(run(&mut app, [Action::Quit]), [Effect::Quit]);
     assert!(!app.running);
 }
+
+/// The flash that said a placement was sent is replaced by its outcome: a placement the
+/// previews refuse does not keep saying "sent; progress in Events".
+#[test]
+fn the_sent_flash_turns_into_the_outcome() {
+    use den_protocol::session::{CommandSeq, CommandStatus, SessionEvent, Stamped};
+    let mut events = fixtures::scenario().expect("fixture scenario");
+    let mut app = App::default();
+    let mut model = model_of(&events);
+    app.prepare(&model);
+    let mut actions = vec![Action::StartPalette];
+    actions.extend(typed("place mlx-community/nope alpha"));
+    actions.push(Action::Submit);
+    for a in actions {
+        app.update(a, &model);
+    }
+    let effects = app.update(Action::Confirm, &model);
+    let Some(Effect::Execute { id, command }) = effects.first() else {
+        panic!("{effects:?}");
+    };
+    assert_eq!(*id, CommandSeq(1));
+    let sent = app.flash.clone().expect("flash");
+    assert!(sent.text.contains("sent"), "{}", sent.text);
+    let at = den_protocol::time::Millis(60_000);
+    events.push(Stamped::new(
+        at,
+        SessionEvent::Command {
+            id: *id,
+            text: command.to_string(),
+        },
+    ));
+    events.push(Stamped::new(
+        at,
+        SessionEvent::CommandOutcome {
+            id: *id,
+            status: CommandStatus::Failed,
+            detail: "placement failed: no preview places exactly the wanted nodes: model unknown"
+                .into(),
+        },
+    ));
+    model = model_of(&events);
+    app.prepare(&model);
+    let flash = app.flash.expect("flash");
+    assert_eq!(flash.level, crate::model::Level::Bad);
+    assert!(
+        flash.text.contains("failed: placement failed: no preview"),
+        "{}",
+        flash.text
+    );
+    assert!(!flash.text.contains("sent"), "{}", flash.text);
+}
