@@ -262,6 +262,10 @@ pub async fn run(settings: Settings) -> Result<(), TuiError> {
     for spec in &settings.sources {
         console.apply(clock.now(), sources::added(spec));
     }
+    let now_unix = crate::commands::place::clock::unix_now_ms();
+    for event in crate::commands::place::fence_deadlines(&targets.fence_dir, now_unix) {
+        console.apply(clock.now(), event);
+    }
 
     let mut terminal = ratatui::try_init().map_err(|e| TuiError::Terminal(e.to_string()))?;
     let mut input = EventStream::new();

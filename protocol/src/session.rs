@@ -180,6 +180,15 @@ pub enum SessionEvent {
     },
     /// A note of the console itself (a refused command, a theme change…).
     Note { text: String },
+    /// A stored placement fence's readiness deadline, read from den's fence directory
+    /// when the console starts, relative to this event's stamp: every den process shows
+    /// the same deadline for an instance den placed, not one from its own first sight.
+    PlacementDeadline {
+        instance: crate::skulk::InstanceId,
+        deadline_in_ms: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        hard_expiry_in_ms: Option<u64>,
+    },
 }
 
 impl SessionEvent {
@@ -197,7 +206,8 @@ impl SessionEvent {
             SessionEvent::Command { .. }
             | SessionEvent::CommandProgress { .. }
             | SessionEvent::CommandOutcome { .. }
-            | SessionEvent::Note { .. } => None,
+            | SessionEvent::Note { .. }
+            | SessionEvent::PlacementDeadline { .. } => None,
         }
     }
 
@@ -216,6 +226,7 @@ impl SessionEvent {
             SessionEvent::CommandProgress { .. } => "command-progress",
             SessionEvent::CommandOutcome { .. } => "command-outcome",
             SessionEvent::Note { .. } => "note",
+            SessionEvent::PlacementDeadline { .. } => "placement-deadline",
         }
     }
 }

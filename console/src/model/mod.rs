@@ -345,6 +345,22 @@ impl Model {
                 );
             }
             SessionEvent::Note { text } => self.log_line(at, None, Level::Info, text.clone()),
+            SessionEvent::PlacementDeadline {
+                instance,
+                deadline_in_ms,
+                hard_expiry_in_ms,
+            } => {
+                self.evidence_at = Some(at);
+                let _notices = self.evidence.handle(
+                    at,
+                    den_protocol::evidence::Input::Expect(den_protocol::evidence::Expectation {
+                        instance: instance.clone(),
+                        deadline: Some(at.saturating_add(*deadline_in_ms)),
+                        hard_expiry: hard_expiry_in_ms.map(|h| at.saturating_add(h)),
+                    }),
+                );
+                self.cluster_dirty = true;
+            }
         }
     }
 

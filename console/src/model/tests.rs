@@ -655,3 +655,65 @@ fn a_removed_instance_keeps_model_and_cause_then_ages_out() {
     events.extend(poll(REMOVED_KEPT_MS + 200, &deleted));
     assert!(row(&model_of(&events)).is_none(), "aged out");
 }
+
+/// Two den processes that start at different times show the same readiness deadline
+/// for an instance den placed: the fence's, given to each as a `PlacementDeadline`
+/// relative to its own clock, not "first seen + 15 minutes".
+#[test]
+fn a_placement_deadline_from_the_fence_wins_over_first_sight() {
+    // runner still loading (the captured one failed, which would end the wait at once)
+    let state =
+        fixtures::skulk_state("../scenarios/state_created_instance_loading.json").expect("state");
+    let id = "cff479d0-3939-4513-8d59-e5b967b6c9ad";
+    let events = |with_fence: bool| {
+        let mut out = vec![ev(
+            0,
+            SessionEvent::SourceAdded {
+                source: "skulk".into(),
+                kind: SourceKind::Skulk,
+                url: "http://127.0.0.1:52415".into(),
+            },
+        )];
+        if with_fence {
+            out.push(ev(
+                0,
+                SessionEvent::PlacementDeadline {
+                    instance: id.into(),
+                    deadline_in_ms: 540_000,
+                    hard_expiry_in_ms: None,
+                },
+            ));
+        }
+        out.push(ev(
+            100,
+            SessionEvent::SkulkNodeId {
+                source: "skulk".into(),
+                node: RUN_C_NODE.into(),
+            },
+        ));
+        out.push(ev(
+            105,
+            SessionEvent::SkulkState {
+                source: "skulk".into(),
+                state: Box::new(state.clone()),
+                latency_ms: 2,
+                received_unix_ms: None,
+            },
+        ));
+        out
+    };
+    let deadline = |m: &Model| {
+        m.views().instances.iter().find_map(|r| match r {
+            InstanceRow::Instance {
+                instance, verdict, ..
+            } if instance == id => verdict.deadline,
+            _ => None,
+        })
+    };
+    assert_eq!(deadline(&model_of(&events(true))), Some(Millis(540_000)));
+    assert_eq!(
+        deadline(&model_of(&events(false))),
+        Some(Millis(105 + 15 * 60_000)),
+        "without a fence: the default from first sight"
+    );
+}

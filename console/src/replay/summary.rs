@@ -381,7 +381,7 @@ impl Walker {
                     format!("{text} ({id}): {status}: {detail}"),
                 );
             }
-            SessionEvent::Note { .. } => {}
+            SessionEvent::Note { .. } | SessionEvent::PlacementDeadline { .. } => {}
         }
         if settle {
             self.after_settle(at, r.model());

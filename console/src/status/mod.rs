@@ -87,6 +87,12 @@ pub async fn gather_recording(
     for spec in &settings.sources {
         apply(&mut model, Stamped::new(clock.now(), sources::added(spec)));
     }
+    if let Some(dir) = crate::commands::place::default_fence_dir() {
+        let now_unix = crate::commands::place::clock::unix_now_ms();
+        for event in crate::commands::place::fence_deadlines(&dir, now_unix) {
+            apply(&mut model, Stamped::new(clock.now(), event));
+        }
+    }
     let kinds: BTreeMap<SourceId, SourceKind> = settings
         .sources
         .iter()

@@ -475,6 +475,43 @@ pub fn outcome_json(outcome: &Outcome) -> Value {
     })
 }
 
+/// The readiness deadline of every stored fence, as events relative to now (wall clock
+/// `now_unix_ms`), for a console or `den status` starting up: the deadline den placed an
+/// instance with is the one every den process shows. Unreadable fences are skipped here
+/// (`den reconcile` names them).
+pub fn fence_deadlines(
+    fence_dir: &Path,
+    now_unix_ms: u64,
+) -> Vec<den_protocol::session::SessionEvent> {
+    // Reading must not create the directory (FenceStore::open would).
+    if !fence_dir.is_dir() {
+        return Vec::new();
+    }
+    let Ok(store) = FenceStore::open(fence_dir) else {
+        return Vec::new();
+    };
+    let Ok(list) = store.list() else {
+        return Vec::new();
+    };
+    list.into_iter()
+        .filter_map(|entry| entry.fence.ok())
+        .map(
+            |stored| den_protocol::session::SessionEvent::PlacementDeadline {
+                instance: stored.fence.instance_id.clone(),
+                deadline_in_ms: stored
+                    .fence
+                    .reconcile_deadline
+                    .0
+                    .saturating_sub(now_unix_ms),
+                hard_expiry_in_ms: stored
+                    .fence
+                    .hard_expiry
+                    .map(|h| h.0.saturating_sub(now_unix_ms)),
+            },
+        )
+        .collect()
+}
+
 /// The default fence directory: `$XDG_STATE_HOME/den/placement-fences` (or the
 /// platform's local data directory).
 pub fn default_fence_dir() -> Option<PathBuf> {

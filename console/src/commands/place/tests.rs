@@ -236,3 +236,28 @@ fn exit_codes_follow_the_outcome() {
     assert_eq!(outcome_json(&placed)["outcome"], "placed");
     assert_eq!(outcome_json(&uncertain)["exit_code"], 2);
 }
+
+/// Every stored fence gives its readiness deadline relative to now, so a console that
+/// starts later shows the deadline the placement was given; a missing directory is not
+/// created.
+#[test]
+fn fence_deadlines_are_relative_to_now() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let absent = dir.path().join("not-there");
+    assert!(fence_deadlines(&absent, 0).is_empty());
+    assert!(!absent.exists());
+    let store = FenceStore::open(dir.path().join("fences")).expect("opens");
+    // times on disk are wall-clock UNIX ms: deadline 61 000, hard expiry 90 000
+    let mut a = stored("cff479d0-3939-4513-8d59-e5b967b6c9ad");
+    a.fence.hard_expiry = Some(Millis(90_000));
+    store.write(&a).expect("writes");
+    let events = fence_deadlines(store.dir(), 21_000);
+    assert_eq!(
+        events,
+        [den_protocol::session::SessionEvent::PlacementDeadline {
+            instance: InstanceId::from("cff479d0-3939-4513-8d59-e5b967b6c9ad"),
+            deadline_in_ms: 40_000,
+            hard_expiry_in_ms: Some(69_000),
+        }]
+    );
+}
