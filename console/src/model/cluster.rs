@@ -29,9 +29,10 @@ impl Model {
             .keys()
             .filter_map(|id| self.state_of(id).map(|(at, s)| (id.clone(), at, s)))
             .collect();
-        let downloads = download_rows(&states, report);
+        let downloads = download_rows(&states, report, self.now);
         let state_times: BTreeMap<SourceId, Millis> =
             states.iter().map(|(id, at, _)| (id.clone(), *at)).collect();
+        let tasks = tasks_by_instance(&states);
         let mut instances = Vec::new();
         for instance in report.instances.values() {
             let deleted_here = self.commands.values().any(|c| {
@@ -40,7 +41,11 @@ impl Model {
                         .as_ref()
                         .is_none_or(|(s, _)| *s != CommandStatus::Failed)
             });
-            instance_rows(instance, &state_times, deleted_here, &mut instances);
+            let tasks = tasks
+                .get(&instance.instance_id)
+                .cloned()
+                .unwrap_or_default();
+            instance_rows(instance, &state_times, deleted_here, tasks, &mut instances);
         }
         self.views.downloads = downloads;
         self.views.instances = instances;
@@ -280,9 +285,13 @@ fn membership_view(m: &Membership) -> (MembershipView, Vec<String>) {
     (view, reasons)
 }
 
+/// A download of 0 bytes this long is named as stalled.
+const STALL_HINT_MS: u64 = 5 * 60_000;
+
 fn download_rows(
     states: &[(SourceId, Millis, &State)],
     report: &EvidenceReport,
+    now: Millis,
 ) -> Vec<DownloadRow> {
     let mut rows: BTreeMap<String, DownloadRow> = BTreeMap::new();
     for (source, at, state) in states {
@@ -328,6 +337,48 @@ fn download_rows(
         if row.status == DownloadStatus::Failed && d.state.is_complete() {
             row.level = Level::Info;
         }
+        let moving = matches!(
+            row.status,
+            DownloadStatus::Pending | DownloadStatus::Ongoing
+        );
+        if moving
+            && row.downloaded.unwrap_or(0) == 0
+            && let Some(since) = d.since
+            && now.since(since) >= STALL_HINT_MS
+        {
+            row.hint = Some(format!(
+                "0 B after {}: stalled? check the node's network and disk",
+                crate::ui::cells::age(now.since(since))
+            ));
+            row.level = worse(row.level, Level::Warn);
+        }
+    }
+    // Skulk keeps downloading after the instance that wanted it is deleted.
+    let needed: BTreeSet<(NodeId, String)> = states
+        .iter()
+        .flat_map(|(_, _, state)| state.instances.values())
+        .filter_map(|i| i.core())
+        .flat_map(|core| {
+            let model = core.shard_assignments.model_id.to_string();
+            core.shard_assignments
+                .node_to_runner
+                .keys()
+                .map(move |n| (n.clone(), model.clone()))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    for row in rows.values_mut() {
+        let moving = matches!(
+            row.status,
+            DownloadStatus::Pending | DownloadStatus::Ongoing
+        );
+        if moving && row.hint.is_none() && !needed.contains(&(row.node.clone(), row.model.clone()))
+        {
+            row.hint = Some(
+                "no instance on this node needs it (Skulk keeps a download after its instance is deleted)"
+                    .to_owned(),
+            );
+        }
     }
     rows.into_values().collect()
 }
@@ -369,6 +420,16 @@ fn download_row(
         DownloadProgress::Ongoing(d) => Some(d.download_progress.speed),
         _ => None,
     };
+    let (eta_ms, files) = match record {
+        DownloadProgress::Ongoing(d) => (
+            u64::try_from(d.download_progress.eta_ms).ok(),
+            Some((
+                d.download_progress.completed_files,
+                d.download_progress.total_files,
+            )),
+        ),
+        _ => (None, None),
+    };
     DownloadRow {
         key: format!("{node}/{model}/{}", attempt.as_deref().unwrap_or("legacy")),
         group: group_key(node, &model, registry.as_deref()),
@@ -380,9 +441,12 @@ fn download_row(
         downloaded: bytes.map(|(d, _)| d.in_bytes),
         total: bytes.map(|(_, t)| t.in_bytes).filter(|t| *t > 0),
         rate,
+        eta_ms,
+        files,
         error: record
             .error_message()
             .map(den_protocol::skulk::common::one_line),
+        hint: None,
         seen_by: vec![source.clone()],
         contradiction: None,
         observed_at: at,
@@ -420,10 +484,54 @@ fn merge_download(existing: &mut DownloadRow, new: DownloadRow) {
     }
 }
 
+/// Every task of every state by instance, one line each, deduplicated by task id (the
+/// freshest state's view of a task wins).
+fn tasks_by_instance(
+    states: &[(SourceId, Millis, &State)],
+) -> BTreeMap<den_protocol::skulk::InstanceId, Vec<String>> {
+    let mut newest: BTreeMap<String, (Millis, den_protocol::skulk::InstanceId, String)> =
+        BTreeMap::new();
+    for (_, at, state) in states {
+        for (task_id, task) in &state.tasks {
+            let Some(common) = task.common() else {
+                continue;
+            };
+            let Some(instance) = common.instance_id else {
+                continue;
+            };
+            let kind = task.tag();
+            let mut line = format!(
+                "{kind} {} {}",
+                super::log::short(task_id.as_str()),
+                common.task_status
+            );
+            if let den_protocol::skulk::Task::TextGeneration(g) = task {
+                line.push_str(&format!(
+                    ", command {}",
+                    super::log::short(g.command_id.as_str())
+                ));
+            }
+            if let Some(e) = task.error_message() {
+                line.push_str(&format!(": {}", den_protocol::text::one_line(e)));
+            }
+            let key = task_id.to_string();
+            if newest.get(&key).is_none_or(|(t, _, _)| *at >= *t) {
+                newest.insert(key, (*at, instance, line));
+            }
+        }
+    }
+    let mut out: BTreeMap<den_protocol::skulk::InstanceId, Vec<String>> = BTreeMap::new();
+    for (_, instance, line) in newest.into_values() {
+        out.entry(instance).or_default().push(line);
+    }
+    out
+}
+
 fn instance_rows(
     report: &InstanceReport,
     state_times: &BTreeMap<SourceId, Millis>,
     deleted_here: bool,
+    tasks: Vec<String>,
     out: &mut Vec<InstanceRow>,
 ) {
     let id = report.instance_id.to_string();
@@ -511,6 +619,7 @@ fn instance_rows(
         context_limit: report.context_token_limit,
         verdict,
         removed,
+        tasks,
         download,
         runner,
         probe,

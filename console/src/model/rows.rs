@@ -240,7 +240,14 @@ pub struct DownloadRow {
     pub total: Option<u64>,
     /// Bytes per second.
     pub rate: Option<f64>,
+    /// Skulk's own estimate of the time left (`etaMs` of an ongoing record).
+    pub eta_ms: Option<u64>,
+    /// Files done of files in all (an ongoing record).
+    pub files: Option<(u64, u64)>,
     pub error: Option<String>,
+    /// What an operator should know that is not an error: a download no instance needs
+    /// (Skulk keeps downloads after a delete), or one that has not moved for minutes.
+    pub hint: Option<String>,
     pub seen_by: Vec<SourceId>,
     /// Sources disagree about this record, or the evidence reducer flags it.
     pub contradiction: Option<String>,
@@ -290,6 +297,9 @@ pub enum InstanceRow {
         observed_at: Option<Millis>,
         /// Gone from every fresh view: when it was last seen and why it went.
         removed: Option<Removed>,
+        /// Skulk's lifecycle and generation tasks of the instance, one line each
+        /// (`TextGeneration …3a1f Running, command 6ed67eec`), from the freshest state.
+        tasks: Vec<String>,
     },
     Assignment {
         instance: String,

@@ -620,7 +620,39 @@ fn a_removed_instance_keeps_model_and_cause_then_ages_out() {
             _ => None,
         })
     };
+    // while it exists: its tasks from /state (runC: one CreateRunner, Complete), and the
+    // download it wants carries no hint
+    let created_model = model_of(&events[..3]);
+    let tasks = created_model
+        .views()
+        .instances
+        .iter()
+        .find_map(|r| match r {
+            InstanceRow::Instance {
+                instance, tasks, ..
+            } if instance == id => Some(tasks.clone()),
+            _ => None,
+        })
+        .expect("instance row");
+    assert_eq!(tasks.len(), 1, "{tasks:?}");
+    assert!(
+        tasks[0].starts_with("CreateRunner ") && tasks[0].contains("Complete"),
+        "{tasks:?}"
+    );
+    let download = |m: &Model| m.views().downloads.first().cloned().expect("download row");
+    assert_eq!(download(&created_model).hint, None);
+    assert!(
+        download(&created_model).eta_ms.is_some(),
+        "Skulk's etaMs of the ongoing record"
+    );
+
     let model = model_of(&events);
+    // Skulk keeps the download going after the delete: said so
+    let orphan = download(&model).hint.unwrap_or_default();
+    assert!(
+        orphan.contains("no instance on this node needs it"),
+        "{orphan}"
+    );
     let (name, verdict, removed) = row(&model).expect("still listed");
     assert_eq!(
         name.as_deref(),

@@ -298,6 +298,7 @@ fn instance_lines(rows: &[&InstanceRow], theme: &Theme, now: Millis) -> Vec<Line
                 context_limit,
                 verdict,
                 failures,
+                tasks,
                 ..
             } => {
                 lines.push(plain(
@@ -327,6 +328,14 @@ fn instance_lines(rows: &[&InstanceRow], theme: &Theme, now: Millis) -> Vec<Line
                 }
                 for r in failures.iter().chain(&verdict.reasons) {
                     lines.push(plain(format!(" • {r}"), theme));
+                }
+                lines.push(Line::raw(""));
+                lines.push(heading("tasks", theme));
+                if tasks.is_empty() {
+                    lines.push(plain(" none in /state".to_owned(), theme));
+                }
+                for t in tasks {
+                    lines.push(plain(format!(" • {t}"), theme));
                 }
                 lines.push(Line::raw(""));
                 lines.push(heading("evidence per assigned node", theme));

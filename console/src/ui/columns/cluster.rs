@@ -326,6 +326,17 @@ const DOWNLOAD_COLUMNS: &[Column<DownloadRow>] = &[
         },
     },
     Column {
+        title: "ETA",
+        width: 5,
+        grow: false,
+        priority: 3,
+        sort: Some(|r| SortKey::opt_num(r.eta_ms.map(|v| v as f64))),
+        cell: |r, c| match r.eta_ms {
+            Some(ms) => text(crate::ui::cells::age(ms), c.theme.base()),
+            None => missing(c.theme),
+        },
+    },
+    Column {
         title: "RATE",
         width: 9,
         grow: false,
@@ -348,18 +359,24 @@ const DOWNLOAD_COLUMNS: &[Column<DownloadRow>] = &[
         cell: |r, c| age_cell(Some(r.observed_at), c.now, c.stale_after(), c.theme),
     },
     Column {
-        title: "ERROR",
+        title: "WHY",
         width: 16,
         grow: true,
         priority: 1,
-        sort: Some(|r| r.error.clone().map_or(SortKey::Missing, SortKey::Text)),
-        cell: |r, c| match (&r.contradiction, &r.error) {
-            (Some(x), _) => Line::from(vec![
+        sort: Some(|r| {
+            r.error
+                .clone()
+                .or_else(|| r.hint.clone())
+                .map_or(SortKey::Missing, SortKey::Text)
+        }),
+        cell: |r, c| match (&r.contradiction, &r.error, &r.hint) {
+            (Some(x), _, _) => Line::from(vec![
                 Span::styled("! ", c.theme.mark(Mark::Contradiction)),
                 Span::styled(x.clone(), c.theme.level(Level::Unknown)),
             ]),
-            (None, Some(e)) => text(e.clone(), c.theme.level(r.level)),
-            (None, None) => text(String::new(), c.theme.base()),
+            (None, Some(e), _) => text(e.clone(), c.theme.level(r.level)),
+            (None, None, Some(h)) => text(h.clone(), c.theme.level(Level::Warn)),
+            (None, None, None) => text(String::new(), c.theme.base()),
         },
     },
 ];
