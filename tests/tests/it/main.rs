@@ -15,6 +15,7 @@ mod agents_s3;
 mod agents_serving;
 mod agents_soak;
 mod agents_tls;
+mod console_skulk_restart;
 mod console_status;
 mod console_tmux;
 mod fault_matrix;
