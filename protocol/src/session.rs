@@ -144,6 +144,12 @@ pub enum SessionEvent {
     },
     /// The source's `GET /node_id` answer.
     SkulkNodeId { source: SourceId, node: NodeId },
+    /// The model ids of the source's catalog (`GET /v1/models`): what can be placed, for
+    /// the palette's completion. Asked at start and once a minute.
+    SkulkCatalog {
+        source: SourceId,
+        models: Vec<crate::skulk::ModelId>,
+    },
     /// The source's `GET /state` answer and how long it took.
     SkulkState {
         source: SourceId,
@@ -200,6 +206,7 @@ impl SessionEvent {
             | SessionEvent::Disconnected { source, .. }
             | SessionEvent::Feed { source, .. }
             | SessionEvent::SkulkNodeId { source, .. }
+            | SessionEvent::SkulkCatalog { source, .. }
             | SessionEvent::SkulkState { source, .. }
             | SessionEvent::PollFailed { source, .. }
             | SessionEvent::Probe { source, .. } => Some(source),
@@ -219,6 +226,7 @@ impl SessionEvent {
             SessionEvent::Disconnected { .. } => "disconnected",
             SessionEvent::Feed { .. } => "feed",
             SessionEvent::SkulkNodeId { .. } => "skulk-node-id",
+            SessionEvent::SkulkCatalog { .. } => "skulk-catalog",
             SessionEvent::SkulkState { .. } => "skulk-state",
             SessionEvent::PollFailed { .. } => "poll-failed",
             SessionEvent::Probe { .. } => "probe",

@@ -389,3 +389,36 @@ fn the_sent_flash_turns_into_the_outcome() {
     );
     assert!(!flash.text.contains("sent"), "{}", flash.text);
 }
+
+/// Model names complete in the palette from the source's catalog (`GET /v1/models`,
+/// runA's capture), before anything is running or downloading.
+#[test]
+fn place_completes_model_names_from_the_catalog() {
+    use den_protocol::session::{SessionEvent, Stamped};
+    let path = fixtures::skulk_fixture_dir().join("runA/v1_models.json");
+    let text = std::fs::read_to_string(path).expect("capture");
+    let list: den_protocol::skulk::api::ModelList = serde_json::from_str(&text).expect("list");
+    let wanted = "mlx-community/Llama-3.1-Nemotron-Nano-4B-v1.1-4bit";
+    assert!(list.data.iter().any(|m| m.id.as_str() == wanted));
+    let mut events = fixtures::scenario().expect("fixture scenario");
+    events.push(Stamped::new(
+        den_protocol::time::Millis(30_000),
+        SessionEvent::SkulkCatalog {
+            source: "mgmt".into(),
+            models: list.data.into_iter().map(|m| m.id).collect(),
+        },
+    ));
+    let model = model_of(&events);
+    let mut app = App::default();
+    app.prepare(&model);
+    let mut actions = vec![Action::StartPalette];
+    actions.extend(typed("place mlx-community/Llama-3.1-Nemotron-Na"));
+    actions.push(Action::Complete);
+    for a in actions {
+        app.update(a, &model);
+    }
+    match &app.mode {
+        Mode::Palette(p) => assert_eq!(p.input, format!("place {wanted}")),
+        other => panic!("{other:?}"),
+    }
+}

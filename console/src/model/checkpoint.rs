@@ -41,6 +41,8 @@ pub struct Checkpoint {
     /// The newest inference record seen of each instance (older recordings lack it).
     #[serde(default)]
     inference_seen: Vec<InferenceSeen>,
+    #[serde(default)]
+    catalogs: BTreeMap<SourceId, Vec<String>>,
 }
 
 /// `((source, instance), (completed, last completed at))`: a list, since JSON object
@@ -62,6 +64,7 @@ struct CheckpointRef<'a> {
     log: &'a [EventLine],
     log_seq: u64,
     inference_seen: Vec<InferenceSeenRef<'a>>,
+    catalogs: &'a BTreeMap<SourceId, Vec<String>>,
 }
 
 /// A checkpoint that could not be written or read.
@@ -89,6 +92,7 @@ impl Model {
             log: &self.log,
             log_seq: self.log_seq,
             inference_seen: self.inference_seen.iter().collect(),
+            catalogs: &self.catalogs,
         };
         serde_json::to_string(&view).map_err(|e| CheckpointError(e.to_string()))
     }
@@ -121,6 +125,7 @@ impl Model {
             workers_dirty: true,
             sources_dirty: true,
             inference_seen: c.inference_seen.into_iter().collect(),
+            catalogs: c.catalogs,
         };
         model.settle();
         model

@@ -209,6 +209,8 @@ pub struct Model {
     /// The newest inference record of each instance a den router reported, by source:
     /// a changed one is a probe observed through that management API.
     inference_seen: BTreeMap<(SourceId, InstanceId), (u64, Option<String>)>,
+    /// Each source's model catalog (`GET /v1/models`), for completion.
+    catalogs: BTreeMap<SourceId, Vec<String>>,
 }
 
 impl Default for Model {
@@ -246,6 +248,7 @@ impl Model {
             workers_dirty: false,
             sources_dirty: false,
             inference_seen: BTreeMap::new(),
+            catalogs: BTreeMap::new(),
         }
     }
 
@@ -271,6 +274,12 @@ impl Model {
             SessionEvent::Disconnected { source, reason } => self.disconnected(at, source, reason),
             SessionEvent::Feed { source, message } => self.feed(at, source, message),
             SessionEvent::SkulkNodeId { source, node } => self.node_id(at, source, node),
+            SessionEvent::SkulkCatalog { source, models } => {
+                self.catalogs.insert(
+                    source.clone(),
+                    models.iter().map(ToString::to_string).collect(),
+                );
+            }
             SessionEvent::SkulkState {
                 source,
                 state,
@@ -485,6 +494,10 @@ impl Model {
         }
         for row in &self.views.downloads {
             ids.models.push(row.model.clone());
+        }
+        // What can be placed, even before anything is running or downloading.
+        for models in self.catalogs.values() {
+            ids.models.extend(models.iter().cloned());
         }
         for ((_, worker), track) in &self.workers {
             ids.workers.push(worker.to_string());

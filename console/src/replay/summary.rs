@@ -381,7 +381,9 @@ impl Walker {
                     format!("{text} ({id}): {status}: {detail}"),
                 );
             }
-            SessionEvent::Note { .. } | SessionEvent::PlacementDeadline { .. } => {}
+            SessionEvent::Note { .. }
+            | SessionEvent::PlacementDeadline { .. }
+            | SessionEvent::SkulkCatalog { .. } => {}
         }
         if settle {
             self.after_settle(at, r.model());

@@ -8,6 +8,11 @@ use den_protocol::evidence::{PollFailure, PollFailureKind};
 use den_protocol::ids::NodeId;
 use den_protocol::session::{SessionEvent, SourceId};
 use den_protocol::skulk::State;
+use den_protocol::skulk::api::ModelList;
+
+/// How often the catalog (`GET /v1/models`) is read, and how many ids are kept of it.
+const CATALOG_EVERY: Duration = Duration::from_secs(60);
+const CATALOG_MAX: usize = 4_096;
 
 use crate::http::{ClientError, ManagementClient};
 
@@ -18,8 +23,28 @@ pub async fn run(
     interval: Duration,
     tx: mpsc::Sender<SessionEvent>,
 ) {
+    let mut catalog_at: Option<Instant> = None;
     loop {
         let started = Instant::now();
+        // The catalog changes rarely: at start and once a minute, for completion only.
+        if catalog_at.is_none_or(|t| t.elapsed() >= CATALOG_EVERY) {
+            catalog_at = Some(started);
+            if let Ok((list, _)) = client.get_json::<ModelList>("/v1/models").await {
+                let models = list
+                    .data
+                    .into_iter()
+                    .take(CATALOG_MAX)
+                    .map(|m| m.id)
+                    .collect();
+                let event = SessionEvent::SkulkCatalog {
+                    source: source.clone(),
+                    models,
+                };
+                if tx.send(event).await.is_err() {
+                    return;
+                }
+            }
+        }
         // The identity is rechecked every cycle: a reachable port alone does not say
         // which node is behind it.
         if let Ok((node, _)) = client.get_json::<NodeId>("/node_id").await {
