@@ -125,6 +125,15 @@ pub fn bytes(b: u64) -> String {
     }
 }
 
+/// A node id cut for one line: libp2p peer ids all begin `12D3KooW`, so their head
+/// names nothing; `…` and the last 8 characters do. Short ids are returned whole.
+pub fn short_node(id: &str) -> String {
+    match id.char_indices().rev().nth(7) {
+        Some((at, _)) if id.len() > 12 => format!("…{}", &id[at..]),
+        _ => id.to_owned(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -21,6 +21,27 @@ pub fn den_binary() -> PathBuf {
     }
 }
 
+/// Runs the real `den record --duration DURATION ARGS… FILE` with no inherited den
+/// settings (`XDG_CONFIG_HOME` is `config_home`) until it says it recorded; panics with
+/// its stderr when it does not within 30 s.
+pub fn den_record(duration: &str, args: &[&str], file: &Path, config_home: &Path) {
+    let mut cmd = std::process::Command::new(den_binary());
+    cmd.args(["record", "--duration", duration])
+        .args(args)
+        .arg(file)
+        .env_remove("DEN_CONFIG")
+        .env_remove("DEN_TOKEN")
+        .env("XDG_CONFIG_HOME", config_home);
+    let den = match crate::ChildGuard::spawn(cmd, "den record") {
+        Ok(den) => den,
+        Err(e) => panic!("den record: {e}"),
+    };
+    let done = den.wait_for_stderr(std::time::Duration::from_secs(30), |l| {
+        l.contains("recorded ")
+    });
+    assert!(done.is_some(), "{}", den.stderr_tail(20));
+}
+
 /// The bytes of a recording file, decompressed when it is `.zst` (as far as the stream
 /// goes: a crash leaves a truncated frame).
 pub fn recording_bytes(path: &Path) -> Vec<u8> {

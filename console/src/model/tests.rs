@@ -27,6 +27,40 @@ fn ev(at: u64, event: SessionEvent) -> Stamped {
     Stamped::new(Millis(at), event)
 }
 
+/// One Skulk source on loopback, as the console registers it.
+fn skulk_added() -> Stamped {
+    ev(
+        0,
+        SessionEvent::SourceAdded {
+            source: "skulk".into(),
+            kind: SourceKind::Skulk,
+            url: "http://127.0.0.1:52415".into(),
+        },
+    )
+}
+
+/// One poll cycle of that source: `/node_id` answering `node`, then `/state`.
+fn skulk_poll(at: u64, node: &str, state: &den_protocol::skulk::State) -> [Stamped; 2] {
+    [
+        ev(
+            at,
+            SessionEvent::SkulkNodeId {
+                source: "skulk".into(),
+                node: node.into(),
+            },
+        ),
+        ev(
+            at + 5,
+            SessionEvent::SkulkState {
+                source: "skulk".into(),
+                state: Box::new(state.clone()),
+                latency_ms: 2,
+                received_unix_ms: None,
+            },
+        ),
+    ]
+}
+
 #[test]
 fn scenario_membership_is_two_sided_and_identities_are_bound() {
     let model = model_of(&SCENARIO);
@@ -504,34 +538,8 @@ fn a_skulk_restart_is_followed_not_a_sticky_conflict() {
     const RUN_A_NODE: &str = "12D3KooWDWXLYXk5Q7ZmwcgDa8PJxjGMeKYXUNnkv3PfsMiTCo53";
     let before = fixtures::skulk_state("runA/state_idle.json").expect("state");
     let after = fixtures::skulk_state("runC/state_idle.json").expect("state");
-    let poll = |at: u64, node: &str, state: &den_protocol::skulk::State| {
-        [
-            ev(
-                at,
-                SessionEvent::SkulkNodeId {
-                    source: "skulk".into(),
-                    node: node.into(),
-                },
-            ),
-            ev(
-                at + 5,
-                SessionEvent::SkulkState {
-                    source: "skulk".into(),
-                    state: Box::new(state.clone()),
-                    latency_ms: 2,
-                    received_unix_ms: None,
-                },
-            ),
-        ]
-    };
-    let mut events = vec![ev(
-        0,
-        SessionEvent::SourceAdded {
-            source: "skulk".into(),
-            kind: SourceKind::Skulk,
-            url: "http://127.0.0.1:52415".into(),
-        },
-    )];
+    let poll = skulk_poll;
+    let mut events = vec![skulk_added()];
     events.extend(poll(100, RUN_A_NODE, &before));
     events.extend(poll(2_100, RUN_A_NODE, &before));
     let model = model_of(&events);
@@ -578,34 +586,8 @@ fn a_removed_instance_keeps_model_and_cause_then_ages_out() {
     let created = fixtures::skulk_state("runC/state_after_create_instance.json").expect("state");
     let deleted = fixtures::skulk_state("runC/state_after_instance_delete.json").expect("state");
     let id = "cff479d0-3939-4513-8d59-e5b967b6c9ad";
-    let poll = |at: u64, state: &den_protocol::skulk::State| {
-        [
-            ev(
-                at,
-                SessionEvent::SkulkNodeId {
-                    source: "skulk".into(),
-                    node: RUN_C_NODE.into(),
-                },
-            ),
-            ev(
-                at + 5,
-                SessionEvent::SkulkState {
-                    source: "skulk".into(),
-                    state: Box::new(state.clone()),
-                    latency_ms: 2,
-                    received_unix_ms: None,
-                },
-            ),
-        ]
-    };
-    let mut events = vec![ev(
-        0,
-        SessionEvent::SourceAdded {
-            source: "skulk".into(),
-            kind: SourceKind::Skulk,
-            url: "http://127.0.0.1:52415".into(),
-        },
-    )];
+    let poll = |at: u64, state: &den_protocol::skulk::State| skulk_poll(at, RUN_C_NODE, state);
+    let mut events = vec![skulk_added()];
     events.extend(poll(100, &created));
     events.extend(poll(2_100, &deleted));
     let row = |m: &Model| {

@@ -62,7 +62,7 @@ pub async fn run(
                 source: source.clone(),
                 state: Box::new(state),
                 latency_ms: millis(latency),
-                received_unix_ms: unix_ms(),
+                received_unix_ms: Some(crate::commands::place::clock::unix_now_ms()),
             },
             Err(e) => SessionEvent::PollFailed {
                 source: source.clone(),
@@ -76,13 +76,6 @@ pub async fn run(
         }
         tokio::time::sleep(interval.saturating_sub(started.elapsed())).await;
     }
-}
-
-fn unix_ms() -> Option<u64> {
-    let since = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .ok()?;
-    u64::try_from(since.as_millis()).ok()
 }
 
 fn millis(d: Duration) -> u64 {

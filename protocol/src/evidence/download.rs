@@ -53,7 +53,9 @@ impl DownloadState {
         matches!(self, DownloadState::Completed { .. })
     }
 
-    fn category(&self) -> &'static str {
+    /// The phase without its data: `missing`, `pending`, `ongoing`, `completed`,
+    /// `failed`, `unknown`.
+    pub fn category(&self) -> &'static str {
         match self {
             DownloadState::Missing => "missing",
             DownloadState::Pending { .. } => "pending",

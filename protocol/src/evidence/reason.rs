@@ -1,6 +1,7 @@
 //! Why something is not (yet) ready. Every reason renders as one line, because operators
 //! read them in the console.
 
+use crate::text::short_node;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
@@ -232,15 +233,6 @@ impl Reason {
 fn short(id: &str) -> &str {
     // UUIDs are long; their first 8 characters identify them on a console.
     id.get(..8).unwrap_or(id)
-}
-
-/// A node id cut for a one-line reason: libp2p peer ids all begin `12D3KooW`, so their
-/// head names nothing; `…` and the last 8 characters do.
-fn short_node(id: &str) -> String {
-    match id.char_indices().rev().nth(7) {
-        Some((at, _)) if id.len() > 12 => format!("…{}", &id[at..]),
-        _ => id.to_owned(),
-    }
 }
 
 impl fmt::Display for Reason {

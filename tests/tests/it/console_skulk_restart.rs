@@ -5,12 +5,10 @@
 //! instead of staying bound to an id nothing answers for.
 
 use std::path::Path;
-use std::process::Command;
-use std::time::Duration;
 
 use den_console::replay::Replayer;
-use den_tests::recording::den_binary;
-use den_tests::{ChildGuard, FixtureServer, script_path};
+use den_tests::recording::den_record;
+use den_tests::{FixtureServer, script_path};
 
 const RUN_A_NODE: &str = "12D3KooWDWXLYXk5Q7ZmwcgDa8PJxjGMeKYXUNnkv3PfsMiTCo53";
 const RUN_C_NODE: &str = "12D3KooWS5hbRfsg4cwEX7pKogLSmR1udPzi5g68xyrDuoCesy1L";
@@ -25,16 +23,7 @@ fn a_skulk_restart_is_followed_by_the_recorded_session() {
     .expect("fixture server");
     let dir = den_tests::temp_dir().expect("temp dir");
     let file = dir.path().join("restart.jsonl");
-    let mut cmd = Command::new(den_binary());
-    cmd.args(["record", "--duration", "7s", "--skulk"])
-        .arg(server.url())
-        .arg(&file)
-        .env_remove("DEN_CONFIG")
-        .env_remove("DEN_TOKEN")
-        .env("XDG_CONFIG_HOME", dir.path());
-    let den = ChildGuard::spawn(cmd, "den record").expect("den record");
-    let done = den.wait_for_stderr(Duration::from_secs(30), |l| l.contains("recorded "));
-    assert!(done.is_some(), "{}", den.stderr_tail(20));
+    den_record("7s", &["--skulk", &server.url()], &file, dir.path());
 
     let mut replay = Replayer::open(&file).expect("replay");
     let end = replay.end();

@@ -3,14 +3,11 @@
 //! token nor the prompt anywhere in the file (plain or compressed), while ids, counts and
 //! timings stay.
 
-use std::process::Command;
-use std::time::Duration;
-
 use den_console::replay::Replayer;
 use den_protocol::feed::{FEED_VERSION, FeedMessage};
-use den_tests::recording::{contains, den_binary, recording_bytes};
+use den_tests::RouterStub;
+use den_tests::recording::{contains, den_record, recording_bytes};
 use den_tests::router_stub::ECHO_AUTHORIZATION;
-use den_tests::{ChildGuard, RouterStub};
 
 const TOKEN: &str = "den-tok-7c1f09e2b4aa";
 const PROMPT: &str = "Draft the layoff announcement for the Lisbon office";
@@ -59,16 +56,13 @@ async fn record_state(name: &str, state: String) -> Vec<u8> {
     )
     .await
     .expect("stub");
-    let mut cmd = Command::new(den_binary());
-    cmd.args(["record", "--duration", "3s", "--token", TOKEN, "--router"])
-        .arg(router.url())
-        .arg(&file)
-        .env_remove("DEN_CONFIG")
-        .env_remove("DEN_TOKEN")
-        .env("XDG_CONFIG_HOME", dir.path());
-    let den = ChildGuard::spawn(cmd, "den record").expect("den record");
-    let done = den.wait_for_stderr(Duration::from_secs(30), |l| l.contains("recorded "));
-    assert!(done.is_some(), "{}", den.stderr_tail(20));
+    let url = router.url();
+    den_record(
+        "3s",
+        &["--token", TOKEN, "--router", &url],
+        &file,
+        dir.path(),
+    );
     // The session saw the state: the task is in the recording, its prompt is not.
     let mut replay = Replayer::open(&file).expect("replay");
     let end = replay.end();

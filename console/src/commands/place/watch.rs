@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use den_protocol::evidence::{DownloadState, InstanceReport};
 use den_protocol::ids::NodeId;
 use den_protocol::skulk::RunnerPhase;
-use den_protocol::text::bytes;
+use den_protocol::text::{bytes, short_node};
 
 /// A line at least this often while something is still moving or waiting.
 pub const EVERY_MS: u64 = 10_000;
@@ -38,7 +38,7 @@ impl Watch {
         let mut parts = Vec::new();
         let mut shape = Vec::new();
         for a in &report.assignments {
-            let node = tail(a.node.as_str());
+            let node = short_node(a.node.as_str());
             let download = match a.download.as_ref().map(|d| &d.state) {
                 None | Some(DownloadState::Missing) => "no download record yet".to_owned(),
                 Some(DownloadState::Pending { downloaded, total })
@@ -61,7 +61,7 @@ impl Watch {
             };
             shape.push(format!(
                 "{node}:{}:{runner}",
-                a.download.as_ref().map_or("none", |d| phase(&d.state))
+                a.download.as_ref().map_or("none", |d| d.state.category())
             ));
             parts.push(format!("{node}: {download}; {runner}"));
         }
@@ -128,25 +128,6 @@ impl Watch {
             Some(secs) => format!("download {of} at {}/s, ETA {secs} s", bytes(rate)),
             None => format!("download {of} at {}/s", bytes(rate)),
         }
-    }
-}
-
-fn phase(state: &DownloadState) -> &'static str {
-    match state {
-        DownloadState::Missing => "missing",
-        DownloadState::Pending { .. } => "pending",
-        DownloadState::Ongoing { .. } => "ongoing",
-        DownloadState::Completed { .. } => "completed",
-        DownloadState::Failed { .. } => "failed",
-        DownloadState::Unknown { .. } => "unknown",
-    }
-}
-
-/// `…` and the last 8 characters of a peer id (they all begin `12D3KooW`).
-fn tail(id: &str) -> String {
-    match id.char_indices().rev().nth(7) {
-        Some((at, _)) if id.len() > 12 => format!("…{}", &id[at..]),
-        _ => id.to_owned(),
     }
 }
 

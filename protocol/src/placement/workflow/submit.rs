@@ -38,12 +38,7 @@ impl PlacementWorkflow {
     }
 
     pub(super) fn on_identity(&mut self, now: Millis, answer: Answer) -> Vec<Effect> {
-        let observed = match answer.ok_body() {
-            Some(body) => serde_json::from_str::<NodeId>(body)
-                .map_err(|e| format!("unreadable /node_id answer: {e}")),
-            None => Err(answer.failure_detail()),
-        };
-        let node = match observed {
+        let node = match node_id_of(&answer) {
             Ok(node) => node,
             Err(detail) if self.resumed => {
                 // Already submitted: keep reconciling (identity is asked again next cycle).
@@ -108,12 +103,7 @@ impl PlacementWorkflow {
     /// a restart, the one the fence bound). Its endpoint is then registered bound to it,
     /// so every later `/state` it answers is the second side of the evidence.
     pub(super) fn on_compute_identity(&mut self, now: Millis, answer: Answer) -> Vec<Effect> {
-        let observed = match answer.ok_body() {
-            Some(body) => serde_json::from_str::<NodeId>(body)
-                .map_err(|e| format!("unreadable /node_id answer: {e}")),
-            None => Err(answer.failure_detail()),
-        };
-        let node = match observed {
+        let node = match node_id_of(&answer) {
             Ok(node) => node,
             Err(detail) if self.resumed => {
                 self.notes.push(Note::PollFailed {
@@ -456,5 +446,14 @@ impl PlacementWorkflow {
             }),
         }
         self.enter_reconciliation(now)
+    }
+}
+
+/// A `/node_id` answer, or one line saying why there is none.
+fn node_id_of(answer: &Answer) -> Result<NodeId, String> {
+    match answer.ok_body() {
+        Some(body) => serde_json::from_str::<NodeId>(body)
+            .map_err(|e| format!("unreadable /node_id answer: {e}")),
+        None => Err(answer.failure_detail()),
     }
 }
