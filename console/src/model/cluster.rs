@@ -718,6 +718,7 @@ fn assignment_row(
         runner_status,
         probe,
         membership,
+        backend: a.resolved_backend.clone(),
         observed_at,
     }
 }

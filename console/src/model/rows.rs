@@ -309,6 +309,8 @@ pub enum InstanceRow {
         runner_status: Evidence,
         probe: Evidence,
         membership: Evidence,
+        /// The backend the master resolved for this node's shard (`resolvedBackend`).
+        backend: Option<String>,
         /// As of the instance's newest contributing poll.
         observed_at: Option<Millis>,
     },

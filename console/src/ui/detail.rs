@@ -347,9 +347,16 @@ fn instance_lines(rows: &[&InstanceRow], theme: &Theme, now: Millis) -> Vec<Line
                 runner_status,
                 probe,
                 membership,
+                backend,
                 ..
             } => {
-                lines.push(plain(format!(" node {node}   runner {runner}"), theme));
+                let backend = backend
+                    .as_deref()
+                    .map_or_else(String::new, |b| format!("   backend {b}"));
+                lines.push(plain(
+                    format!(" node {node}   runner {runner}{backend}"),
+                    theme,
+                ));
                 for (what, e) in [
                     ("membership", membership),
                     ("download", download),

@@ -280,6 +280,9 @@ impl<'a> Context<'a> {
                     runner: runner_evidence,
                     download,
                     membership,
+                    resolved_backend: shard
+                        .and_then(|s| s.fields())
+                        .and_then(|f| f.resolved_backend.clone()),
                 });
             }
         }

@@ -109,6 +109,9 @@ pub struct AssignmentReport {
     /// `None` when the node's shard has no readable card.
     pub download: Option<DownloadEvidence>,
     pub membership: Membership,
+    /// The backend the master resolved for the shard (`resolvedBackend`), if it says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolved_backend: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

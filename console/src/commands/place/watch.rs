@@ -173,6 +173,7 @@ mod tests {
                     other_artifacts: 0,
                 }),
                 membership: Membership::Unknown,
+                resolved_backend: None,
             }],
             probe: None,
             failures: Vec::new(),
