@@ -1,8 +1,9 @@
-//! A Skulk node that restarts under an open console (Skulk 1.3.0 makes a new node id at
-//! every start): the real `den record` against the fixture server replaying runA's and
-//! then runC's captures through one endpoint. The session follows the restart — the old
-//! id leaves the Nodes panel, the new one is bound, and the Events say "restarted" —
-//! instead of staying bound to an id nothing answers for.
+//! A Skulk node that restarts, or freezes, under an open console, through the real
+//! `den record` against the fixture server. A restart (Skulk 1.3.0 makes a new node id at
+//! every start: runA's and then runC's captures through one endpoint) is followed — the
+//! old id leaves the Nodes panel, the new one is bound, and the Events say "restarted" —
+//! instead of staying bound to an id nothing answers for. A frozen node is down from its
+//! last good answer, not from when den's poll gave up.
 
 use std::path::Path;
 
@@ -57,4 +58,39 @@ fn a_skulk_restart_is_followed_by_the_recorded_session() {
         restarted[0].contains(RUN_A_NODE) && restarted[0].contains(RUN_C_NODE),
         "{restarted:?}"
     );
+}
+
+#[test]
+fn a_frozen_skulk_node_is_down_since_its_last_good_answer() {
+    let server = FixtureServer::start_with(
+        Path::new(env!("CARGO_BIN_EXE_skulk-fixture-server")),
+        &script_path("skulk_frozen.json"),
+        &[],
+    )
+    .expect("fixture server");
+    let dir = den_tests::temp_dir().expect("temp dir");
+    // Poll every 300 ms with a 1 s deadline, so the freeze shows within seconds.
+    let config = dir.path().join("den");
+    std::fs::create_dir_all(&config).expect("config dir");
+    std::fs::write(
+        config.join("console.toml"),
+        "poll_interval_ms = 300\nrequest_timeout_ms = 1000\n",
+    )
+    .expect("config");
+    let file = dir.path().join("frozen.jsonl");
+    den_record("4s", &["--skulk", &server.url()], &file, dir.path());
+
+    let mut replay = Replayer::open(&file).expect("replay");
+    let end = replay.end();
+    replay.seek(end).expect("seek");
+    let model = replay.model();
+    let source = model.views().sources.first().expect("one source").clone();
+    let last_ok = source.last_ok.expect("it answered before it froze");
+    match &source.api {
+        den_console::model::Health::Disconnected { since, reason } => {
+            assert_eq!(*since, last_ok, "down since the last good answer: {reason}");
+            assert!(reason.contains("timed out"), "{reason}");
+        }
+        other => panic!("a frozen node is not {other:?}"),
+    }
 }
