@@ -247,6 +247,7 @@ pub async fn run(settings: Settings) -> Result<(), TuiError> {
     let poll = PollConfig {
         interval: settings.poll_interval,
         timeout: settings.request_timeout,
+        catalog: true,
     };
     let targets = Targets::new(
         &settings.sources,

@@ -114,7 +114,8 @@ impl TableRow for NodeRow {
             &identity,
             membership,
             &workers.join(" "),
-            self.health.as_deref().unwrap_or(""),
+            self.health_level.as_deref().unwrap_or(""),
+            &self.health_reasons.join(" "),
             if self.draining { "draining" } else { "" },
         ])
     }

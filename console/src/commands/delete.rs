@@ -65,7 +65,19 @@ async fn confirm_deleted(
     }
 }
 
-/// One deletion through `target`, with its cleanup intent.
+/// Whether a deletion attempt established that the instance is gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Absence {
+    /// `/state` stopped listing it after the acknowledgement.
+    Confirmed,
+    /// The server has no such instance (404): gone, or never there.
+    NoSuchInstance,
+    /// Not established: the intent is kept.
+    NotConfirmed,
+}
+
+/// One deletion through `target`, with its cleanup intent. A 404 fails the command (an
+/// operator who typed an id expected one) though absence is confirmed.
 pub async fn delete_with_intent(
     target: &(SourceId, ManagementClient),
     id: &InstanceId,
@@ -73,19 +85,33 @@ pub async fn delete_with_intent(
     tx: &mpsc::Sender<SessionEvent>,
     progress: &impl Fn(String) -> SessionEvent,
 ) -> Finished {
-    let (source, client) = target;
-    let existing = store
+    let origin = target.1.origin();
+    let intent = store
         .list()
         .into_iter()
         .filter_map(Result::ok)
-        .find(|i| i.instance_id == *id && i.origin == client.origin());
-    let mut intent = existing.unwrap_or_else(|| {
-        CleanupIntent::new(
-            client.origin(),
-            id.clone(),
-            super::place::clock::unix_now_ms(),
-        )
-    });
+        .find(|i| i.instance_id == *id && i.origin == origin)
+        .unwrap_or_else(|| {
+            CleanupIntent::new(origin, id.clone(), super::place::clock::unix_now_ms())
+        });
+    let (mut finished, absence) = attempt(target, intent, store, tx, progress).await;
+    if absence == Absence::NoSuchInstance {
+        finished.status = CommandStatus::Failed;
+    }
+    finished
+}
+
+/// Records the intent (one more attempt), sends `DELETE`, and clears the intent when
+/// absence is established.
+async fn attempt(
+    target: &(SourceId, ManagementClient),
+    mut intent: CleanupIntent,
+    store: &CleanupStore,
+    tx: &mpsc::Sender<SessionEvent>,
+    progress: &impl Fn(String) -> SessionEvent,
+) -> (Finished, Absence) {
+    let (source, client) = target;
+    let id = intent.instance_id.clone();
     intent.attempts = intent.attempts.saturating_add(1);
     match store.save(&intent) {
         Ok(path) => {
@@ -97,15 +123,16 @@ pub async fn delete_with_intent(
                 .await;
         }
         Err(e) => {
-            return Finished {
+            let failed = Finished {
                 status: CommandStatus::Failed,
                 detail: format!("the cleanup intent could not be recorded, nothing was sent: {e}"),
                 outcome: None,
                 exit_code: None,
             };
+            return (failed, Absence::NotConfirmed);
         }
     }
-    let request = HttpIntent::delete_instance(id);
+    let request = HttpIntent::delete_instance(&id);
     let _ = tx
         .send(progress(format!(
             "{} {} → {source} ({})",
@@ -115,36 +142,29 @@ pub async fn delete_with_intent(
         )))
         .await;
     let answer = client.execute(&request).await;
-    // No such instance: absence is confirmed (the intent goes), but the command itself
-    // failed, since an operator who typed an id expected one.
     if let Ok(a) = &answer
         && a.status == 404
     {
-        let mut gone = absent(
-            store,
-            id,
-            format!(
-                "{} {}: the server has no instance {id}: nothing to delete (check the id)",
-                request.method, request.path
-            ),
+        let detail = format!(
+            "{} {}: the server has no instance {id}: nothing to delete (check the id)",
+            request.method, request.path
         );
-        gone.status = CommandStatus::Failed;
-        return gone;
+        return (absent(store, &id, detail), Absence::NoSuchInstance);
     }
     let sent = classify(&request, answer);
     if sent.status != CommandStatus::Ok {
-        return kept(sent);
+        return (kept(sent), Absence::NotConfirmed);
     }
     let _ = tx
         .send(progress(format!(
             "deletion acknowledged; waiting for {id} to leave /state"
         )))
         .await;
-    let confirmed = confirm_deleted(client, id, sent, DELETE_CONFIRM, DELETE_POLL).await;
+    let confirmed = confirm_deleted(client, &id, sent, DELETE_CONFIRM, DELETE_POLL).await;
     if confirmed.status == CommandStatus::Ok {
-        absent(store, id, confirmed.detail)
+        (absent(store, &id, confirmed.detail), Absence::Confirmed)
     } else {
-        kept(confirmed)
+        (kept(confirmed), Absence::NotConfirmed)
     }
 }
 
@@ -185,19 +205,10 @@ pub async fn retry(
         if intent.origin != target.1.origin() {
             continue;
         }
-        let mut finished =
-            delete_with_intent(target, &intent.instance_id, store, tx, &progress).await;
+        let instance = intent.instance_id.clone();
         // For a retry, "no such instance" is the absence it was waiting for.
-        if finished.status == CommandStatus::Failed
-            && !store
-                .list()
-                .into_iter()
-                .filter_map(Result::ok)
-                .any(|i| i.instance_id == intent.instance_id)
-        {
-            finished.status = CommandStatus::Ok;
-        }
-        out.push((intent.instance_id, finished));
+        let (finished, _) = attempt(target, intent, store, tx, &progress).await;
+        out.push((instance, finished));
     }
     out
 }

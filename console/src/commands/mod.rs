@@ -125,12 +125,12 @@ async fn place(
             Progress::Waiting { .. } => return,
             // A successful /state poll is the evidence line's business, not a line of
             // its own; failures still show.
-            Progress::Request { what } if is_state_poll(what) => return,
+            Progress::Request { poll: true, .. } => return,
             Progress::Answer {
-                what,
-                status: Some(200),
+                poll: true,
+                status: Some(200..300),
                 ..
-            } if is_state_poll(what) => return,
+            } => return,
             event => event.to_string(),
         };
         let _ = progress_tx.try_send(SessionEvent::CommandProgress { id, note: text });
@@ -361,11 +361,6 @@ pub fn classify(intent: &HttpIntent, result: Result<HttpAnswer, TransportFailure
             exit_code: None,
         },
     }
-}
-
-/// `GET /state` (or `compute GET /state`): a reconciliation poll.
-fn is_state_poll(what: &str) -> bool {
-    what.ends_with("GET /state")
 }
 
 #[cfg(test)]

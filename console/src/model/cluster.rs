@@ -10,6 +10,7 @@ use den_protocol::evidence::{
 use den_protocol::ids::NodeId;
 use den_protocol::observation::PoolStats;
 use den_protocol::session::{CommandStatus, SourceId};
+use den_protocol::skulk::node::HealthLevel;
 use den_protocol::skulk::{DownloadProgress, RunnerPhase, State};
 use den_protocol::time::Millis;
 
@@ -141,8 +142,8 @@ impl Model {
                 },
             );
             let disk = resources.and_then(|(_, s)| s.node_disk.get(&node));
-            let health_reasons: Vec<String> = resources
-                .and_then(|(_, s)| s.node_health.get(&node))
+            let node_health = resources.and_then(|(_, s)| s.node_health.get(&node));
+            let health_reasons: Vec<String> = node_health
                 .map(|h| {
                     h.reasons
                         .iter()
@@ -160,19 +161,7 @@ impl Model {
                         .collect()
                 })
                 .unwrap_or_default();
-            let health_level = resources
-                .and_then(|(_, s)| s.node_health.get(&node))
-                .map(|h| h.level.to_string());
-            let health = resources
-                .and_then(|(_, s)| s.node_health.get(&node))
-                .map(|h| {
-                    let codes: Vec<&str> = h.reasons.iter().map(|r| r.code.as_str()).collect();
-                    if codes.is_empty() {
-                        h.level.to_string()
-                    } else {
-                        format!("{}: {}", h.level, codes.join(", "))
-                    }
-                });
+            let health_level = node_health.map(|h| h.level.to_string());
             let pool = (!workers.is_empty()).then(|| {
                 workers
                     .iter()
@@ -199,12 +188,10 @@ impl Model {
             if matches!(identity, Identity::Conflict { .. }) {
                 level = worse(level, Level::Unknown);
             }
-            if let Some(h) = &health {
-                if h.starts_with("error") {
-                    level = worse(level, Level::Bad);
-                } else if h.starts_with("warn") {
-                    level = worse(level, Level::Warn);
-                }
+            match node_health.map(|h| &h.level) {
+                Some(HealthLevel::Error) => level = worse(level, Level::Bad),
+                Some(HealthLevel::Warn) => level = worse(level, Level::Warn),
+                _ => {}
             }
             if draining {
                 level = worse(level, Level::Warn);
@@ -226,7 +213,6 @@ impl Model {
                 pool,
                 workers: workers.iter().map(|(w, _)| (*w).clone()).collect(),
                 draining,
-                health,
                 health_level,
                 health_reasons,
                 system: os,

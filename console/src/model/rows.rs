@@ -197,8 +197,6 @@ pub struct NodeRow {
     pub pool: Option<PoolStats>,
     pub workers: Vec<WorkerId>,
     pub draining: bool,
-    /// `nodeHealth` as `level: reason, …`.
-    pub health: Option<String>,
     /// `nodeHealth[node].level` alone (`ok`, `warn`, `error`).
     pub health_level: Option<String>,
     /// Each health reason as `message — remediation` (the code where no message).

@@ -680,14 +680,7 @@ fn a_placement_deadline_from_the_fence_wins_over_first_sight() {
         fixtures::skulk_state("../scenarios/state_created_instance_loading.json").expect("state");
     let id = "cff479d0-3939-4513-8d59-e5b967b6c9ad";
     let events = |with_fence: bool| {
-        let mut out = vec![ev(
-            0,
-            SessionEvent::SourceAdded {
-                source: "skulk".into(),
-                kind: SourceKind::Skulk,
-                url: "http://127.0.0.1:52415".into(),
-            },
-        )];
+        let mut out = vec![skulk_added()];
         if with_fence {
             out.push(ev(
                 0,
@@ -698,22 +691,7 @@ fn a_placement_deadline_from_the_fence_wins_over_first_sight() {
                 },
             ));
         }
-        out.push(ev(
-            100,
-            SessionEvent::SkulkNodeId {
-                source: "skulk".into(),
-                node: RUN_C_NODE.into(),
-            },
-        ));
-        out.push(ev(
-            105,
-            SessionEvent::SkulkState {
-                source: "skulk".into(),
-                state: Box::new(state.clone()),
-                latency_ms: 2,
-                received_unix_ms: None,
-            },
-        ));
+        out.extend(skulk_poll(100, RUN_C_NODE, &state));
         out
     };
     let deadline = |m: &Model| {

@@ -79,6 +79,7 @@ pub async fn record_sources(
     let poll = PollConfig {
         interval: settings.poll_interval,
         timeout: settings.request_timeout,
+        catalog: false,
     };
     let tasks = sources::spawn_all(&settings.sources, settings.token.as_deref(), poll, &tx)
         .map_err(|e| e.to_string())?;

@@ -55,6 +55,10 @@ impl Clock {
 pub struct PollConfig {
     pub interval: Duration,
     pub timeout: Duration,
+    /// Also read each source's model catalog (`GET /v1/models`) for the palette's
+    /// completion: the interactive console only; `den status` and `den record` have no
+    /// palette and should not wait for it.
+    pub catalog: bool,
 }
 
 /// The `SourceAdded` event of a spec (URL redacted).
@@ -79,7 +83,7 @@ pub fn spawn_all(
         tasks.push(tokio::spawn(poll::run(
             spec.id.clone(),
             client,
-            poll.interval,
+            poll,
             tx.clone(),
         )));
         if spec.kind == SourceKind::DenRouter {

@@ -14,37 +14,20 @@ use den_protocol::skulk::api::ModelList;
 const CATALOG_EVERY: Duration = Duration::from_secs(60);
 const CATALOG_MAX: usize = 4_096;
 
+use super::PollConfig;
 use crate::http::{ClientError, ManagementClient};
 
-/// Poll `GET /node_id` and `GET /state` every `interval` until the receiver goes away.
+/// Poll `GET /node_id` and `GET /state` every interval until the receiver goes away;
+/// with `poll.catalog`, the catalog too (after the first state, then once a minute).
 pub async fn run(
     source: SourceId,
     client: ManagementClient,
-    interval: Duration,
+    poll: PollConfig,
     tx: mpsc::Sender<SessionEvent>,
 ) {
     let mut catalog_at: Option<Instant> = None;
     loop {
         let started = Instant::now();
-        // The catalog changes rarely: at start and once a minute, for completion only.
-        if catalog_at.is_none_or(|t| t.elapsed() >= CATALOG_EVERY) {
-            catalog_at = Some(started);
-            if let Ok((list, _)) = client.get_json::<ModelList>("/v1/models").await {
-                let models = list
-                    .data
-                    .into_iter()
-                    .take(CATALOG_MAX)
-                    .map(|m| m.id)
-                    .collect();
-                let event = SessionEvent::SkulkCatalog {
-                    source: source.clone(),
-                    models,
-                };
-                if tx.send(event).await.is_err() {
-                    return;
-                }
-            }
-        }
         // The identity is rechecked every cycle: a reachable port alone does not say
         // which node is behind it.
         if let Ok((node, _)) = client.get_json::<NodeId>("/node_id").await {
@@ -74,7 +57,26 @@ pub async fn run(
         if tx.send(event).await.is_err() {
             return;
         }
-        tokio::time::sleep(interval.saturating_sub(started.elapsed())).await;
+        // The catalog changes rarely and is for completion only: never before the state.
+        if poll.catalog && catalog_at.is_none_or(|t| t.elapsed() >= CATALOG_EVERY) {
+            catalog_at = Some(started);
+            if let Ok((list, _)) = client.get_json::<ModelList>("/v1/models").await {
+                let models = list
+                    .data
+                    .into_iter()
+                    .take(CATALOG_MAX)
+                    .map(|m| m.id)
+                    .collect();
+                let event = SessionEvent::SkulkCatalog {
+                    source: source.clone(),
+                    models,
+                };
+                if tx.send(event).await.is_err() {
+                    return;
+                }
+            }
+        }
+        tokio::time::sleep(poll.interval.saturating_sub(started.elapsed())).await;
     }
 }
 

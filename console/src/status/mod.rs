@@ -61,6 +61,7 @@ pub async fn gather_recording(
     let poll = PollConfig {
         interval: settings.poll_interval,
         timeout: settings.request_timeout.min(timeout),
+        catalog: false,
     };
     let tasks = sources::spawn_all(&settings.sources, settings.token.as_deref(), poll, &tx)
         .map_err(|e| e.to_string())?;

@@ -50,7 +50,7 @@ pub fn unproven_capabilities(requirements: &ModelRequirements) -> Vec<String> {
     let claims: Vec<EngineClaim> = requirements
         .engine_support
         .iter()
-        .filter_map(|v: &Value| serde_json::from_value(v.clone()).ok())
+        .filter_map(|v: &Value| EngineClaim::deserialize(v).ok())
         .collect();
     requirements
         .required_capabilities

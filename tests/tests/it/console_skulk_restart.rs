@@ -7,6 +7,7 @@
 
 use std::path::Path;
 
+use den_console::model::Model;
 use den_console::replay::Replayer;
 use den_tests::recording::den_record;
 use den_tests::{FixtureServer, script_path};
@@ -14,22 +15,30 @@ use den_tests::{FixtureServer, script_path};
 const RUN_A_NODE: &str = "12D3KooWDWXLYXk5Q7ZmwcgDa8PJxjGMeKYXUNnkv3PfsMiTCo53";
 const RUN_C_NODE: &str = "12D3KooWS5hbRfsg4cwEX7pKogLSmR1udPzi5g68xyrDuoCesy1L";
 
-#[test]
-fn a_skulk_restart_is_followed_by_the_recorded_session() {
+/// `den record` for `duration` against the fixture server playing `script`, with
+/// `console_toml` as the console's configuration; the session's model at its end.
+fn recorded(script: &str, duration: &str, console_toml: &str) -> (Model, FixtureServer) {
     let server = FixtureServer::start_with(
         Path::new(env!("CARGO_BIN_EXE_skulk-fixture-server")),
-        &script_path("skulk_restart.json"),
+        &script_path(script),
         &[],
     )
     .expect("fixture server");
     let dir = den_tests::temp_dir().expect("temp dir");
-    let file = dir.path().join("restart.jsonl");
-    den_record("7s", &["--skulk", &server.url()], &file, dir.path());
-
+    let config = dir.path().join("den");
+    std::fs::create_dir_all(&config).expect("config dir");
+    std::fs::write(config.join("console.toml"), console_toml).expect("config");
+    let file = dir.path().join("session.jsonl");
+    den_record(duration, &["--skulk", &server.url()], &file, dir.path());
     let mut replay = Replayer::open(&file).expect("replay");
     let end = replay.end();
     replay.seek(end).expect("seek");
-    let model = replay.model();
+    (replay.model().clone(), server)
+}
+
+#[test]
+fn a_skulk_restart_is_followed_by_the_recorded_session() {
+    let (model, server) = recorded("skulk_restart.json", "7s", "");
     let polled = server
         .requests()
         .expect("requests")
@@ -62,28 +71,12 @@ fn a_skulk_restart_is_followed_by_the_recorded_session() {
 
 #[test]
 fn a_frozen_skulk_node_is_down_since_its_last_good_answer() {
-    let server = FixtureServer::start_with(
-        Path::new(env!("CARGO_BIN_EXE_skulk-fixture-server")),
-        &script_path("skulk_frozen.json"),
-        &[],
-    )
-    .expect("fixture server");
-    let dir = den_tests::temp_dir().expect("temp dir");
     // Poll every 300 ms with a 1 s deadline, so the freeze shows within seconds.
-    let config = dir.path().join("den");
-    std::fs::create_dir_all(&config).expect("config dir");
-    std::fs::write(
-        config.join("console.toml"),
+    let (model, _server) = recorded(
+        "skulk_frozen.json",
+        "4s",
         "poll_interval_ms = 300\nrequest_timeout_ms = 1000\n",
-    )
-    .expect("config");
-    let file = dir.path().join("frozen.jsonl");
-    den_record("4s", &["--skulk", &server.url()], &file, dir.path());
-
-    let mut replay = Replayer::open(&file).expect("replay");
-    let end = replay.end();
-    replay.seek(end).expect("seek");
-    let model = replay.model();
+    );
     let source = model.views().sources.first().expect("one source").clone();
     let last_ok = source.last_ok.expect("it answered before it froze");
     match &source.api {

@@ -185,7 +185,7 @@ async fn placement_runtime_accepted_and_ready() {
     let position = |pred: &dyn Fn(&Progress) -> bool| notes.iter().position(|n| pred(&n.event));
     let written = position(&|p| matches!(p, Progress::FenceWritten { .. })).expect("fence note");
     let posted_at =
-        position(&|p| matches!(p, Progress::Request { what } if what == "POST /instance"))
+        position(&|p| matches!(p, Progress::Request { what, .. } if what == "POST /instance"))
             .expect("post note");
     assert!(written < posted_at, "fence before POST");
     assert!(

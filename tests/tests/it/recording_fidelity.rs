@@ -109,9 +109,11 @@ async fn replayed_frames_equal_the_frames_the_operator_saw() {
         recorder,
     );
     let (tx, mut rx) = mpsc::channel(4096);
+    // As the interactive console polls (catalog included).
     let poll = PollConfig {
         interval: settings.poll_interval,
         timeout: settings.request_timeout,
+        catalog: true,
     };
     let tasks = sources::spawn_all(&settings.sources, None, poll, &tx).expect("sources");
     let mut terminal = Terminal::new(TestBackend::new(WIDTH, HEIGHT)).expect("terminal");

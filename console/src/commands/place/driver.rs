@@ -266,11 +266,16 @@ impl Run<'_> {
                 } else {
                     After::Other
                 };
-                self.emit(Progress::Request { what: what.clone() });
+                let poll = after == After::StatePoll;
+                self.emit(Progress::Request {
+                    what: what.clone(),
+                    poll,
+                });
                 let input = match client.execute(&intent).await {
                     Ok(answer) => {
                         self.emit(Progress::Answer {
                             what,
+                            poll,
                             status: Some(answer.status),
                             failure: None,
                             latency_ms: Some(millis(answer.latency)),
@@ -284,6 +289,7 @@ impl Run<'_> {
                     Err(failure) => {
                         self.emit(Progress::Answer {
                             what,
+                            poll,
                             status: None,
                             failure: Some(failure.detail.clone()),
                             latency_ms: None,
@@ -387,6 +393,7 @@ impl Run<'_> {
             Ok(answer) => {
                 self.emit(Progress::Answer {
                     what,
+                    poll: false,
                     status: Some(answer.status),
                     failure: None,
                     latency_ms: Some(millis(answer.latency)),
@@ -396,6 +403,7 @@ impl Run<'_> {
             Err(failure) => {
                 self.emit(Progress::Answer {
                     what,
+                    poll: false,
                     status: None,
                     failure: Some(failure.detail.clone()),
                     latency_ms: None,

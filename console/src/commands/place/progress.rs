@@ -25,13 +25,16 @@ pub enum Progress {
     Step(StepKind),
     /// Something worth showing that did not end the workflow.
     Note(Note),
-    /// A request is being sent, e.g. `GET /state`.
+    /// A request is being sent, e.g. `GET /state`. `poll`: a reconciliation poll of
+    /// `/state` (its evidence follows as [`Progress::Evidence`]).
     Request {
         what: String,
+        poll: bool,
     },
     /// Its answer: an HTTP status, or the transport failure.
     Answer {
         what: String,
+        poll: bool,
         status: Option<u16>,
         failure: Option<String>,
         latency_ms: Option<u64>,
@@ -70,12 +73,13 @@ impl fmt::Display for Progress {
         match self {
             Progress::Step(step) => write!(f, "step: {step:?}"),
             Progress::Note(note) => write!(f, "{note}"),
-            Progress::Request { what } => write!(f, "→ {what}"),
+            Progress::Request { what, .. } => write!(f, "→ {what}"),
             Progress::Answer {
                 what,
                 status,
                 failure,
                 latency_ms,
+                ..
             } => {
                 write!(f, "← {what}")?;
                 if let Some(status) = status {

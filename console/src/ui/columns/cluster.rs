@@ -166,7 +166,11 @@ const NODE_COLUMNS: &[Column<NodeRow>] = &[
         width: 9,
         grow: false,
         priority: 2,
-        sort: Some(|r| r.health.clone().map_or(SortKey::Missing, SortKey::Text)),
+        sort: Some(|r| {
+            r.health_level
+                .clone()
+                .map_or(SortKey::Missing, SortKey::Text)
+        }),
         cell: |r, c| {
             if r.draining {
                 text("draining", c.theme.level(Level::Warn))
