@@ -261,15 +261,24 @@ impl Replayer {
                     return Ok(());
                 }
                 None => {
-                    // Try the one before it.
-                    if events == 0 && at == Millis::ZERO && seg_index == 0 {
+                    // Try the one before it: strictly fewer events, or with none before
+                    // it strictly earlier, so every turn moves back (a damaged snapshot
+                    // at 5 ms with no events before it once made this loop forever).
+                    if events > 0 {
+                        t = at;
+                        max_events = events - 1;
+                    } else if at > Millis::ZERO {
+                        t = Millis(at.0 - 1);
+                        max_events = 0;
+                    } else if seg_index == 0 {
                         return Err(ReplayError::Format {
                             path: seg.path.display().to_string(),
                             detail: "the first snapshot cannot be read".to_owned(),
                         });
+                    } else {
+                        seg_index -= 1;
+                        max_events = 0;
                     }
-                    t = at;
-                    max_events = events.saturating_sub(1);
                 }
             }
         }

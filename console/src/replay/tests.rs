@@ -234,3 +234,34 @@ fn a_file_with_an_endless_first_line_is_refused_after_a_bounded_read() {
     assert!(err.contains("longer than 64 MiB"), "{err}");
     assert!(!err.contains('\n'));
 }
+
+/// A recording whose only snapshot is damaged is refused, whatever time it is stamped
+/// with: the fallback to earlier snapshots once looped forever when the damaged one was
+/// stamped after 0 ms with no event before it (found by the `recording` fuzz target).
+#[test]
+fn a_damaged_first_snapshot_is_refused_not_retried_forever() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("d.jsonl");
+    record_to(&path, &fixtures::run_c_scenario().unwrap(), |_| {});
+    let text = std::fs::read_to_string(&path).unwrap();
+    let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+    let snapshot = lines
+        .iter()
+        .position(|l| l.contains("\"snapshot\":0"))
+        .expect("the first snapshot");
+    // Stamped at 5 ms, and its state cut short: still indexed, no longer decodable.
+    let line = lines[snapshot].replacen("\"at\":0,", "\"at\":5,", 1);
+    let cut = line.find("\"state\":").expect("a state") + 20;
+    lines[snapshot] = format!("{}\"}}}}", &line[..cut]);
+    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let p = path.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(Replayer::open(&p).err().map(|e| e.to_string()));
+    });
+    let err = rx
+        .recv_timeout(std::time::Duration::from_secs(20))
+        .expect("open returns")
+        .expect("a damaged recording is refused");
+    assert!(err.contains("snapshot"), "{err}");
+}
