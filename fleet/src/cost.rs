@@ -77,16 +77,15 @@
 //! exactly the trade-off a TTFT estimate has to make per request.
 //!
 //! # Other profiles
-//! [`CostModel::synthetic`] models den's own synthetic engine instead (one operation at a
-//! time, FIFO, declared linear costs; [`super::synthetic`]): the profile the simulator is
-//! validated on against real agents. It sets [`CostModel::serial`]; the H100 profile
-//! leaves it `None` (continuous batching with chunked prefill).
+//! [`CostModel::synthetic`] models den's own synthetic engine instead (den's batching
+//! scheduler at declared costs; [`super::synthetic`]): the profile the simulator is
+//! validated on against real agents. The H100 profile leaves it `None` (the roofline).
 
 use serde::{Deserialize, Serialize};
 
 use den_protocol::engine_plan::{EnginePlan, StepCosts};
 
-pub use super::synthetic::SerialEngine;
+pub use super::synthetic::SyntheticEngine;
 
 /// Microseconds of simulated time.
 pub type Micros = u64;
@@ -118,10 +117,10 @@ pub struct CostModel {
     pub nvme_fixed_us: u64,
     /// `None` disables the shared object store.
     pub object_store: Option<ObjectStoreCost>,
-    /// `Some`: the engine runs one operation at a time in FIFO order with these declared
-    /// costs (den's synthetic engine, [`super::synthetic`]) instead of batched steps.
+    /// `Some`: den's synthetic engine on den's batching scheduler, its steps at these
+    /// declared costs ([`super::synthetic`]) instead of the roofline.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub serial: Option<SerialEngine>,
+    pub synthetic: Option<SyntheticEngine>,
 }
 
 /// Object store costs, per worker.
@@ -172,7 +171,7 @@ impl CostModel {
                 bytes_per_s: 3.125e9,
                 latency_us: 30_000,
             }),
-            serial: None,
+            synthetic: None,
         }
     }
 
@@ -201,15 +200,11 @@ impl CostModel {
 
     /// The step costs a worker of this model reports in its engine plan: dense compute
     /// per row at the MFU, floored by one weight pass at the HBM efficiency, causal
-    /// attention per position, KV reads per decode context token; or, for a serial
+    /// attention per position, KV reads per decode context token; or, for den's synthetic
     /// engine, its declared costs. The simulator's steps take exactly this long.
     pub fn step_costs(&self) -> StepCosts {
-        if let Some(e) = &self.serial {
-            // One operation after the other: no overlap between prefill and decode.
-            return StepCosts::Serial {
-                prefill_us_per_token: e.prefill_ms_per_token * 1e3,
-                decode_us_per_sequence: e.decode_ms_per_token * 1e3,
-            };
+        if let Some(e) = &self.synthetic {
+            return e.step_costs();
         }
         let flops = self.peak_flops * self.mfu;
         let hbm = self.hbm_bytes_per_s * self.hbm_efficiency;
@@ -235,7 +230,7 @@ impl CostModel {
     /// seed and documentation; the simulator charges steps).
     pub fn solo_prefill_ms(&self, start: u32, end: u32) -> f64 {
         let n = end.saturating_sub(start) as u64;
-        if let Some(e) = &self.serial {
+        if let Some(e) = &self.synthetic {
             return n as f64 * e.prefill_ms_per_token;
         }
         self.step_us(n, positions(start, end), 0, 0) as f64 / 1000.0
@@ -243,9 +238,21 @@ impl CostModel {
 
     /// What the first token costs after the prompt is prefilled, ms: 0 for a batched
     /// engine (it samples the first token in the step that ends the prefill), the
-    /// declared first-token cost for a serial one.
+    /// declared first-token cost of den's synthetic engine (the floor of the step that
+    /// yields it).
     pub fn first_token_ms(&self) -> f64 {
-        self.serial.as_ref().map_or(0.0, |e| e.first_token_ms)
+        self.synthetic.as_ref().map_or(0.0, |e| e.first_token_ms)
+    }
+
+    /// Prompt rows a request of `input` tokens computes before its first token: all of
+    /// them (the step that finishes the prompt yields it), or, on den's synthetic
+    /// engine, every token but the last (whose row is the first decode step's).
+    pub fn prompt_rows(&self, input: u32) -> u32 {
+        if self.synthetic.is_some() {
+            input.saturating_sub(1)
+        } else {
+            input
+        }
     }
 
     /// Host RAM → GPU time for `bytes`, in µs.

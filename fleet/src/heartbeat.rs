@@ -90,6 +90,7 @@ impl Beats {
     pub(crate) fn dispatched(&mut self, w: usize, work_ms: f64) {
         if let Some(s) = self.snapshots.get_mut(w) {
             s.queue_ms += work_ms.max(0.0);
+            s.unreflected_ms += work_ms.max(0.0);
         }
     }
 

@@ -59,7 +59,7 @@ pub use metrics::{FleetReport, PolicyReport};
 pub use policy::{FleetView, Policy, PolicyError, PolicyKind, Route, RouteRequest, parse_policies};
 pub use replay::{FleetConfig, PolicyRun, run_policy, run_with};
 pub use scale::{Scale, ScaleError, ScaledRequest, ScaledTrace, SliceSpec, slice};
-pub use synthetic::{SerialEngine, SyntheticProfile};
+pub use synthetic::{SyntheticEngine, SyntheticProfile};
 pub use trace::{Trace, TraceError, TraceRequest, Workload, expand_blocks, expand_tokens};
 
 /// Runs every policy in `policies` on the same workload and fleet, in order, and

@@ -47,12 +47,13 @@ pub struct WorkerLoad {
     pub releases: Vec<(f64, u32)>,
     /// The engine's pending prefills and decode state, to replay its next steps.
     pub plan: EnginePlan,
-    /// Serial engines ([`CostModel::serial`]): the predicted remaining work of the
-    /// execution queue, ms — the declared cost of every queued operation plus what is
-    /// left of the running one, what den's worker heartbeats as `queue_ms`. Operations
-    /// not queued yet (the next step of a request still running) are not in it, as on
-    /// the real worker. 0 for batched engines.
+    /// The worker's reported `queue_ms`: 0 here (every simulated engine reports a plan,
+    /// which the router replays instead), plus [`WorkerLoad::unreflected_ms`].
     pub queue_ms: f64,
+    /// With heartbeat-lagged observations: the work the router offered this worker since
+    /// its last heartbeat, ms, which den's router adds to every candidate's queue after
+    /// pricing it against the plan (`den_protocol::router_node::inflight`).
+    pub unreflected_ms: f64,
 }
 
 impl WorkerLoad {

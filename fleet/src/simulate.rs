@@ -16,7 +16,7 @@
 //! ```
 //!
 //! `--profile synthetic` replaces the H100 deployment with den's own synthetic engine
-//! (`den_fleet::synthetic`, one operation at a time per worker; what
+//! (`den_fleet::synthetic`, den's batching scheduler at declared costs; what
 //! `den-fleet validate` checks against real agents) at the trace's 512-token blocks.
 
 use std::path::{Path, PathBuf};
@@ -73,7 +73,7 @@ pub struct SimulateArgs {
     #[arg(long, value_name = "VERSION", default_value = "router")]
     pub den: String,
     /// The deployment: `h100` (Llama-3.1-8B on H100s with batched chunked prefill) or
-    /// `synthetic` (den's synthetic engine, one operation at a time per worker).
+    /// `synthetic` (den's synthetic engine on den's batching scheduler).
     #[arg(long, value_name = "PROFILE", default_value = "h100")]
     pub profile: String,
 }
@@ -428,7 +428,7 @@ mod tests {
         let v: serde_json::Value = serde_json::from_str(&run(&a).unwrap()).unwrap();
         let cost = &v[0]["report"]["cost"];
         assert_eq!(cost["model"], "den synthetic engine");
-        assert_eq!(cost["serial"]["prefill_ms_per_token"], 0.1);
+        assert_eq!(cost["synthetic"]["prefill_ms_per_token"], 0.1);
         let e = run(&SimulateArgs {
             profile: "a100".into(),
             ..a

@@ -2,23 +2,21 @@
 //! does, so the fleet simulator can be checked against real agents
 //! (`den-fleet validate`).
 //!
-//! A den worker runs **one operation at a time, in FIFO order**, on one execution queue
-//! (`agent/src/worker/device.rs`): an assignment's first operation is queued when the
-//! worker accepts the offer, and each next one only when the previous one finished — so
-//! another request's operation queued meanwhile runs in between:
+//! A den worker runs its synthetic engine on the same iteration-level batching scheduler
+//! as a real model (`agent/src/worker/device/scheduler.rs`): each step runs one decode
+//! row for every running decode, then prompt rows FCFS within `--batch-tokens` (at least
+//! 16 of them however many decode), and costs what `StepCosts::Synthetic` of the declared
+//! costs says — prompt rows at `prefill_ms_per_token` each; a step with decode rows at
+//! least one pass, `decode_ms_per_token` whatever the batch, or `first_token_ms` when it
+//! yields a first token. A request prefills its processed prompt (every token but the
+//! last); the last token is the row of the step that yields its first token. Restores
+//! and checkpoint captures run between steps on the device thread; after completion the
+//! route's new chunks are checkpointed into the RAM tier.
 //!
-//! 1. **restore** (when the chosen prefix is in a lower tier): fetch each chunk from the
-//!    tier, check it, scatter it into pages, read it back and verify it;
-//! 2. **prefill**: `prefill_ms_per_token` × the prompt tokens not restored or resident
-//!    (the processed prompt: every token but the last), really spent;
-//! 3. **decode**: `first_token_ms`, then the first token; `decode_ms_per_token` for
-//!    each further one; one operation for the whole output;
-//! 4. after completion, a **capture** of the route's new chunks for the checkpoint
-//!    (copied out of the pages, then stored in the tiers off the queue).
-//!
-//! No batching, no chunked-prefill interleaving: an operation runs to its end. The fleet
-//! simulator executes exactly this when [`CostModel::serial`] is set (its worker model,
-//! `worker/serial.rs`).
+//! The fleet simulator runs its batched worker with these rules when
+//! [`CostModel::synthetic`] is set. It does not model the restores and captures between
+//! steps as device time (they overlap compute there, on the PCIe link); with the small
+//! rows of the validation profile they are microseconds.
 //!
 //! # Where each number comes from
 //! Every field of [`SyntheticProfile`] is a `den-agent worker` flag (or the router's and
@@ -28,8 +26,9 @@
 //! | profile | worker flag | in the simulator |
 //! |---|---|---|
 //! | `prefill_ms_per_token` | `--prefill-ms-per-token` | prefill operation per token |
-//! | `first_token_ms` | `--first-token-ms` | decode operation, until the first token |
-//! | `decode_ms_per_token` | `--decode-ms-per-token` | decode operation, each further token |
+//! | `first_token_ms` | `--first-token-ms` | the floor of a step yielding a first token |
+//! | `decode_ms_per_token` | `--decode-ms-per-token` | the floor of a step with decode rows |
+//! | `batch_tokens` | `--batch-tokens` | the step's token budget |
 //! | `pages × page_size` | `--pages`, `--page-size` | GPU pool in blocks of `chunk_tokens` |
 //! | `kv_bytes_per_token` | `--kv-bytes-per-token` | bytes per block (restore, capture, tiers) |
 //! | `ram_bytes` | `--ram-bytes` | RAM tier capacity in blocks |
@@ -55,12 +54,14 @@
 
 use serde::{Deserialize, Serialize};
 
+use den_protocol::engine_plan::StepCosts;
+
 use super::cost::CostModel;
 
-/// The declared costs of a serial (one operation at a time, FIFO) engine, in the units
-/// of the `den-agent worker` flags.
+/// The declared costs of den's synthetic engine, in the units of the `den-agent worker`
+/// flags.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct SerialEngine {
+pub struct SyntheticEngine {
     pub prefill_ms_per_token: f64,
     pub first_token_ms: f64,
     pub decode_ms_per_token: f64,
@@ -71,7 +72,16 @@ pub struct SerialEngine {
     pub capture_bytes_per_s: f64,
 }
 
-impl SerialEngine {
+impl SyntheticEngine {
+    /// The steps this engine runs, as its worker publishes them.
+    pub fn step_costs(&self) -> StepCosts {
+        StepCosts::Synthetic {
+            prefill_us_per_token: self.prefill_ms_per_token * 1e3,
+            decode_us_per_step: self.decode_ms_per_token * 1e3,
+            first_token_us: self.first_token_ms * 1e3,
+        }
+    }
+
     /// A capture of `bytes`, µs.
     pub fn capture_us(&self, bytes: u64) -> u64 {
         if self.capture_bytes_per_s > 0.0 {
@@ -101,6 +111,9 @@ pub struct SyntheticProfile {
     pub ssd_bytes: u64,
     /// The chunk size of the router and every worker: one simulator block.
     pub chunk_tokens: u32,
+    /// Rows per step (`--batch-tokens`).
+    #[serde(default = "default_batch_tokens")]
+    pub batch_tokens: u32,
     /// Bytes per second of a restore from the RAM tier into pages (measured).
     pub restore_bytes_per_s: f64,
     /// Fixed cost per restored chunk, ms (measured).
@@ -126,12 +139,18 @@ impl Default for SyntheticProfile {
             ram_bytes: 1 << 30,
             ssd_bytes: 0,
             chunk_tokens: 256,
+            batch_tokens: default_batch_tokens(),
             restore_bytes_per_s: 300e6,
             restore_chunk_ms: 0.02,
             capture_bytes_per_s: 2e9,
             ssd_read_bytes_per_s: 1e9,
         }
     }
+}
+
+/// `den-agent worker`'s `--batch-tokens` default.
+fn default_batch_tokens() -> u32 {
+    64
 }
 
 impl SyntheticProfile {
@@ -155,8 +174,8 @@ impl SyntheticProfile {
     }
 
     /// The engine's declared costs.
-    pub fn engine(&self) -> SerialEngine {
-        SerialEngine {
+    pub fn engine(&self) -> SyntheticEngine {
+        SyntheticEngine {
             prefill_ms_per_token: self.prefill_ms_per_token,
             first_token_ms: self.first_token_ms,
             decode_ms_per_token: self.decode_ms_per_token,
@@ -179,10 +198,10 @@ impl SyntheticProfile {
         CostModel {
             model: "den synthetic engine".into(),
             gpu: format!(
-                "{} pages × {} tokens, serial FIFO queue",
-                self.pages, self.page_size
+                "{} pages × {} tokens, batches of {} rows",
+                self.pages, self.page_size, self.batch_tokens
             ),
-            // No roofline: a serial engine's steps are its declared costs.
+            // No roofline: the synthetic engine's steps are its declared costs.
             params: 0.0,
             layers: 0,
             q_heads: 0,
@@ -196,7 +215,7 @@ impl SyntheticProfile {
             hbm_bytes_per_s: 0.0,
             hbm_efficiency: 0.0,
             gpu_kv_blocks: u32::try_from(pool / block as u64).unwrap_or(u32::MAX),
-            max_batched_tokens: u32::try_from(pool).unwrap_or(u32::MAX),
+            max_batched_tokens: self.batch_tokens.max(1),
             max_running: u32::MAX,
             ram_blocks: blocks(self.ram_bytes),
             ssd_blocks: blocks(self.ssd_bytes),
@@ -204,7 +223,7 @@ impl SyntheticProfile {
             nvme_bytes_per_s: self.ssd_read_bytes_per_s.max(1.0),
             nvme_fixed_us: 0,
             object_store: None,
-            serial: Some(self.engine()),
+            synthetic: Some(self.engine()),
         }
     }
 }
@@ -229,14 +248,15 @@ mod tests {
         assert_eq!(c.ram_blocks, (64 << 20) / (256 * 64));
         assert_eq!(c.ssd_blocks, 0);
         assert!(c.object_store.is_none());
-        // Linear prefill, declared first token, decode one token after another.
+        assert_eq!(c.max_batched_tokens, 64);
+        // Linear prefill, declared first token; a decode step is one pass for the batch.
         assert_eq!(c.solo_prefill_ms(100, 300), 200.0 * 0.05);
         assert_eq!(c.first_token_ms(), 2.0);
-        assert_eq!(c.step_us(10, 0.0, 2, 0), 10_500);
-        assert_eq!(p.engine().decode_ms(3), 2.0 + 2.0 * 5.0);
-        assert_eq!(p.engine().decode_ms(0), 2.0);
-        // The H100 profile stays batched.
-        assert!(CostModel::default().serial.is_none());
+        assert_eq!(c.step_us(10, 0.0, 2, 0), 5_000);
+        assert_eq!(c.step_us(200, 0.0, 0, 0), 10_000);
+        assert_eq!(c.prompt_rows(100), 99);
+        // The H100 profile stays on the roofline.
+        assert!(CostModel::default().synthetic.is_none());
         assert_eq!(CostModel::default().first_token_ms(), 0.0);
     }
 }

@@ -33,11 +33,15 @@ pub enum StepCosts {
         attention_us_per_position: f64,
         context_us_per_token: f64,
     },
-    /// One operation after the other (den's synthetic engine): prefill tokens, then one
-    /// decode token per sequence, at their declared costs.
-    Serial {
+    /// den's synthetic engine on the batching scheduler, at its declared costs: prompt
+    /// rows cost `prefill_us_per_token` each; a step with decode rows takes at least one
+    /// pass, `decode_us_per_step` whatever the batch, or `first_token_us` when it yields
+    /// some decode's first token and that is dearer ([`StepCosts::first_token_floor_us`]).
+    /// No floor for a step of prompt rows only: the declared prefill cost is per token.
+    Synthetic {
         prefill_us_per_token: f64,
-        decode_us_per_sequence: f64,
+        decode_us_per_step: f64,
+        first_token_us: f64,
     },
 }
 
@@ -53,14 +57,20 @@ impl StepCosts {
         decode_context: u64,
     ) -> u64 {
         match *self {
-            StepCosts::Serial {
+            StepCosts::Synthetic {
                 prefill_us_per_token,
-                decode_us_per_sequence,
+                decode_us_per_step,
+                ..
             } => {
-                let us = prefill_tokens as f64 * prefill_us_per_token
-                    + decoding as f64 * decode_us_per_sequence;
+                let rows = (prefill_tokens + decoding) as f64;
+                let pass = if decoding > 0 {
+                    decode_us_per_step
+                } else {
+                    0.0
+                };
+                let us = (rows * prefill_us_per_token).max(pass);
                 if us.is_finite() && us > 0.0 {
-                    us.round() as u64
+                    us.ceil() as u64
                 } else {
                     0
                 }
@@ -81,6 +91,67 @@ impl StepCosts {
                     0
                 }
             }
+        }
+    }
+}
+
+impl StepCosts {
+    /// The least a step that yields a decode's first token takes, µs: the synthetic
+    /// engine's declared first-token cost (0 for a measured batched engine, whose first
+    /// token is one more row).
+    pub fn first_token_floor_us(&self) -> f64 {
+        match *self {
+            StepCosts::Synthetic { first_token_us, .. } => first_token_us,
+            StepCosts::Batched { .. } => 0.0,
+        }
+    }
+
+    /// What the step that samples a first token takes when it carries little else, ms:
+    /// one pass over the weights (at least one row), or the synthetic engine's declared
+    /// first-token floor.
+    pub fn first_token_step_ms(&self) -> f64 {
+        let us = match *self {
+            StepCosts::Synthetic {
+                prefill_us_per_token,
+                decode_us_per_step,
+                first_token_us,
+            } => prefill_us_per_token
+                .max(decode_us_per_step)
+                .max(first_token_us),
+            StepCosts::Batched {
+                row_us,
+                weights_pass_us,
+                ..
+            } => row_us.max(weights_pass_us),
+        };
+        if us.is_finite() {
+            us.max(0.0) / 1e3
+        } else {
+            0.0
+        }
+    }
+
+    /// [`StepCosts::step_us`] of a step that yields at least one first token when
+    /// `first_token` (the synthetic engine's worker and the fleet simulator's charge it).
+    pub fn step_us_with_first(
+        &self,
+        prefill_tokens: u64,
+        attention_positions: f64,
+        decoding: u64,
+        decode_context: u64,
+        first_token: bool,
+    ) -> u64 {
+        let us = self.step_us(
+            prefill_tokens,
+            attention_positions,
+            decoding,
+            decode_context,
+        );
+        let floor = self.first_token_floor_us();
+        if first_token && floor.is_finite() && floor > us as f64 {
+            floor.ceil() as u64
+        } else {
+            us
         }
     }
 }
@@ -131,6 +202,12 @@ pub struct EnginePlan {
     /// Measured ÷ predicted step duration (1: the costs are exact).
     #[serde(default = "one")]
     pub step_calibration: f64,
+    /// The first token comes from a step after the prefill's last (den's scheduler: the
+    /// last prompt token is the row of the decode step that samples it), not from the
+    /// prefill's last step itself (as in vLLM); the estimate then adds that step
+    /// ([`StepCosts::first_token_step_ms`]).
+    #[serde(default)]
+    pub first_token_step: bool,
 }
 
 fn one() -> f64 {
@@ -163,6 +240,7 @@ impl EnginePlan {
             decode_context_tokens: 0,
             step_remaining_ms: 0.0,
             step_calibration: 1.0,
+            first_token_step: false,
         }
     }
 
@@ -356,7 +434,14 @@ pub fn price(
         let own = processed.saturating_sub(c.cached_token_count) as f64 * c.prefill_ms_per_token;
         c.queue_ms = (finish - c.gpu_restore_ms - own).max(0.0);
     }
-    c.first_token_ms = 0.0;
+    // The replay ends with the prefill's last step: that step yields the first token, or
+    // (den's scheduler) the next one does.
+    c.first_token_ms = if plan.first_token_step {
+        let k = plan.step_calibration;
+        plan.costs.first_token_step_ms() * if k > 0.0 && k.is_finite() { k } else { 1.0 }
+    } else {
+        0.0
+    };
     c.imposed_ms = (with.total_ms() - without_ms).max(0.0);
 }
 
@@ -445,11 +530,26 @@ mod tests {
     }
 
     #[test]
-    fn serial_steps_add_prefill_and_decode() {
-        let s = StepCosts::Serial {
+    fn synthetic_steps_cost_their_rows_or_one_pass() {
+        let s = StepCosts::Synthetic {
             prefill_us_per_token: 500.0,
-            decode_us_per_sequence: 1000.0,
+            decode_us_per_step: 5_000.0,
+            first_token_us: 8_000.0,
         };
-        assert_eq!(s.step_us(4, 123.0, 2, 99), 4_000);
+        // Prompt rows only: per token, no pass floor.
+        assert_eq!(s.step_us(4, 123.0, 0, 99), 2_000);
+        // Eight decodes cost one pass, not eight.
+        assert_eq!(s.step_us(0, 0.0, 8, 99), 5_000);
+        assert_eq!(s.step_us_with_first(0, 0.0, 8, 99, true), 8_000);
+        // Enough rows and the compute dominates, first token or not.
+        assert_eq!(s.step_us_with_first(63, 0.0, 1, 0, true), 32_000);
+        // A measured engine's first token is one more row.
+        let b = StepCosts::Batched {
+            row_us: 10.0,
+            weights_pass_us: 100.0,
+            attention_us_per_position: 0.0,
+            context_us_per_token: 0.0,
+        };
+        assert_eq!(b.step_us_with_first(0, 0.0, 1, 0, true), 100);
     }
 }

@@ -410,10 +410,11 @@ fn validate_engine(plan: &EnginePlan) -> Result<(), ObservationError> {
             *attention_us_per_position,
             *context_us_per_token,
         ],
-        StepCosts::Serial {
+        StepCosts::Synthetic {
             prefill_us_per_token,
-            decode_us_per_sequence,
-        } => &[*prefill_us_per_token, *decode_us_per_sequence],
+            decode_us_per_step,
+            first_token_us,
+        } => &[*prefill_us_per_token, *decode_us_per_step, *first_token_us],
     };
     for c in costs {
         non_negative("engine.costs", *c)?;

@@ -9,7 +9,7 @@ use crate::plan::replay;
 use crate::worker::Source;
 use den_protocol::candidate::{Candidate, Tier, TransferCapabilities, pages_for};
 use den_protocol::candidate_generation::price_shape;
-use den_protocol::engine_plan::{StepCosts, price};
+use den_protocol::engine_plan::price;
 use den_protocol::ids::{Epoch, WorkerId};
 
 /// One worker's candidates for a request: recompute, then one per useful boundary of
@@ -93,13 +93,19 @@ fn router_priced(
         .into_iter()
         .map(|(c, _)| c)
         .collect();
-    if matches!(w.load.plan.costs, StepCosts::Batched { .. }) {
-        price_shape(
-            &w.load.plan,
-            shape.input_tokens,
-            shape.processed(),
-            &mut out,
-        );
+    // Every simulated worker reports its engine plan (batched or den's synthetic
+    // engine, on den's scheduler): priced by the replay, then the work offered since the
+    // last heartbeat added, in the router's order (`RouterNode::submit`).
+    price_shape(
+        &w.load.plan,
+        shape.input_tokens,
+        shape.processed(),
+        &mut out,
+    );
+    if w.load.unreflected_ms != 0.0 {
+        for c in &mut out {
+            c.queue_ms = (c.queue_ms + w.load.unreflected_ms).max(0.0);
+        }
     }
     out.into_iter()
         .map(|c| {

@@ -528,7 +528,7 @@ mod tests {
         let c = &p.fleet.cost;
         assert_eq!(c.block_tokens, 32);
         assert_eq!(c.gpu_kv_blocks, 8192 * 16 / 32);
-        let engine = c.serial.unwrap();
+        let engine = c.synthetic.unwrap();
         assert_eq!(engine.prefill_ms_per_token, args.prefill_ms_per_token);
         assert_eq!(p.fleet.den, DenOptions::router());
         assert_eq!(p.fleet.heartbeats, Some(Heartbeats::den(100)));

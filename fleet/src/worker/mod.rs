@@ -17,11 +17,18 @@
 //! A step's duration comes from [`CostModel::step_us`]. Time is integer microseconds.
 //! What a router observes of a worker is built in `observe`.
 //!
-//! With [`CostModel::serial`] set the worker is den's synthetic engine instead: one
-//! operation at a time in FIFO order (`serial`, [`super::synthetic`]).
+//! With [`CostModel::synthetic`] set the worker is den's synthetic engine on den's own
+//! batching scheduler ([`super::synthetic`]): it prefills the processed prompt (every
+//! token but the last), the last token is the row of the decode step that yields the
+//! first token (charged [`StepCosts::step_us_with_first`]), prompt rows get at least
+//! [`MIN_PROMPT_ROWS`] of a step however many decode, and a completed request's computed
+//! blocks are checkpointed into the RAM tier (else SSD).
 
 mod observe;
-mod serial;
+
+/// Prompt rows den's scheduler gives a step even when decodes fill its budget (the
+/// worker's `MIN_PROMPT_ROWS`).
+pub const MIN_PROMPT_ROWS: u32 = 16;
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
@@ -110,6 +117,8 @@ struct Step {
     chunks: Vec<(u32, u32)>,
     decoding: u32,
     prefill_tokens: u32,
+    /// Synthetic engine: the requests whose first token this step yields.
+    firsts: Vec<u32>,
 }
 
 /// One simulated worker.
@@ -145,8 +154,8 @@ pub(crate) struct Worker {
     output_tokens: Ewma,
     seed_prefill_ms_per_token: f64,
     seed_decode_step_ms: f64,
-    /// The execution queue of a serial engine (unused by the batched one).
-    serial: serial::SerialQueue,
+    /// Synthetic engine: filled requests whose first-token row the next step runs.
+    firsts: Vec<u32>,
 }
 
 impl Worker {
@@ -187,7 +196,7 @@ impl Worker {
             decode_step_ms: Ewma::default(),
             seed_prefill_ms_per_token: seed_prefill,
             seed_decode_step_ms: seed_decode,
-            serial: serial::SerialQueue::default(),
+            firsts: Vec::new(),
         }
     }
 
@@ -200,9 +209,6 @@ impl Worker {
         reuse: Reuse,
         sh: &mut Shared,
     ) -> Option<Micros> {
-        if let Some(engine) = sh.cost.serial {
-            return self.serial_dispatch(now, r, reuse, sh, &engine);
-        }
         let req = sh.workload.requests.get(r as usize)?;
         let chain = sh.workload.blocks(req);
         // The last block is always recomputed: the engine needs the logits of the last
@@ -273,7 +279,10 @@ impl Worker {
         st.total_blocks = (req.input_tokens + req.output_tokens)
             .div_ceil(block)
             .max(chain.len() as u32);
-        self.pending_prefill_tokens += (req.input_tokens - st.reused_tokens) as u64;
+        self.pending_prefill_tokens += sh
+            .cost
+            .prompt_rows(req.input_tokens)
+            .saturating_sub(st.reused_tokens) as u64;
         self.active_blocks += st.total_blocks;
         self.routed += 1;
         if let Some(slot) = sh.reqs.get_mut(r as usize) {
@@ -290,9 +299,6 @@ impl Worker {
     /// Handles this worker's event at `now` (a step end or a wake-up) and returns the
     /// next one.
     pub fn on_event(&mut self, now: Micros, sh: &mut Shared) -> Option<Micros> {
-        if let Some(engine) = sh.cost.serial {
-            return self.serial_event(now, sh, &engine);
-        }
         if let Some(step) = self.step.take() {
             self.finish_step(now, step, sh);
         }
@@ -301,8 +307,14 @@ impl Worker {
 
     fn start_step(&mut self, now: Micros, sh: &mut Shared) -> Option<Micros> {
         self.admit(now, sh);
-        let decoding = self.decoding.len() as u32;
-        let mut budget = sh.cost.max_batched_tokens.saturating_sub(decoding);
+        self.fill_reused(now, sh);
+        let firsts = std::mem::take(&mut self.firsts);
+        let decoding = (self.decoding.len() + firsts.len()) as u32;
+        let max = sh.cost.max_batched_tokens;
+        let mut budget = max.saturating_sub(decoding);
+        if sh.cost.synthetic.is_some() {
+            budget = budget.max(MIN_PROMPT_ROWS.min(max));
+        }
         let mut chunks = Vec::new();
         let mut attention = 0.0;
         let mut prefill_tokens = 0u32;
@@ -323,7 +335,7 @@ impl Worker {
                 .requests
                 .get(r as usize)
                 .map_or(0, |q| q.input_tokens);
-            let take = budget.min(input.saturating_sub(st.prefilled));
+            let take = budget.min(sh.cost.prompt_rows(input).saturating_sub(st.prefilled));
             if take == 0 {
                 continue;
             }
@@ -335,16 +347,18 @@ impl Worker {
         if chunks.is_empty() && decoding == 0 {
             return wake;
         }
+        let first_token = !firsts.is_empty();
         for &(r, _) in &chunks {
             if let Some(st) = sh.reqs.get_mut(r as usize) {
                 st.started.get_or_insert(now);
             }
         }
-        let duration = sh.cost.step_us(
+        let duration = sh.cost.step_costs().step_us_with_first(
             prefill_tokens as u64,
             attention,
             decoding as u64,
             self.decode_context,
+            first_token,
         );
         let modelled = duration as f64;
         let duration = duration.max(1);
@@ -357,6 +371,7 @@ impl Worker {
             chunks,
             decoding,
             prefill_tokens,
+            firsts,
         });
         Some(end)
     }
@@ -410,9 +425,13 @@ impl Worker {
             };
             let mut ready = now.max(st.gpu_wait);
             if bytes > 0 {
+                // den's synthetic engine also checks and scatters each chunk.
+                let fixed = sh.cost.synthetic.map_or(0, |e| {
+                    crate::cost::ms_to_us(e.restore_chunk_ms) * restore.len() as u64
+                });
                 let done = self
                     .pcie
-                    .reserve(now.max(st.fetch_ready), sh.cost.pcie_us(bytes));
+                    .reserve(now.max(st.fetch_ready), sh.cost.pcie_us(bytes) + fixed);
                 ready = ready.max(done);
                 for &(b, _) in &restore {
                     self.gpu_ready.insert(b, done);
@@ -439,6 +458,9 @@ impl Worker {
         }
         // Decode: every decoding sequence produced a token; some are done.
         self.decode_context += step.decoding as u64;
+        for &r in &step.firsts {
+            self.first_token(now, index, r, sh);
+        }
         while let Some(Reverse((last, r))) = self.decoding.peek().copied() {
             if last > index {
                 break;
@@ -459,11 +481,10 @@ impl Worker {
             st.prefilled += take;
             st.prefill_us += share;
             self.pending_prefill_tokens = self.pending_prefill_tokens.saturating_sub(take as u64);
-            if st.prefilled < input {
+            if st.prefilled < sh.cost.prompt_rows(input) {
                 continue;
             }
-            st.first_token = now;
-            let computed = input - st.reused_tokens;
+            let computed = sh.cost.prompt_rows(input) - st.reused_tokens;
             let per_token = st.prefill_us / 1000.0 / computed.max(1) as f64;
             self.prefill_ms_per_token.observe(per_token);
             let modelled = sh.cost.solo_prefill_ms(st.reused_tokens, input);
@@ -474,12 +495,61 @@ impl Worker {
             let first_new = st.reused_blocks as usize;
             self.prefilling.retain(|&x| x != r);
             self.cache_computed(now, r, first_new, sh);
-            if output <= 1 {
-                self.complete(now, r, sh);
+            if sh.cost.synthetic.is_some() {
+                self.firsts.push(r);
             } else {
-                self.decode_context += input as u64 + 1;
-                self.decoding.push(Reverse((index + output as u64 - 1, r)));
+                let _ = output;
+                self.first_token(now, index, r, sh);
             }
+        }
+    }
+
+    /// Request `r`'s first token came with step `index`: it decodes its other tokens, one
+    /// per step, or is done.
+    fn first_token(&mut self, now: Micros, index: u64, r: u32, sh: &mut Shared) {
+        let Some(req) = sh.workload.requests.get(r as usize) else {
+            return;
+        };
+        let (input, output) = (req.input_tokens, req.output_tokens);
+        if let Some(st) = sh.reqs.get_mut(r as usize) {
+            st.first_token = now;
+        }
+        if output <= 1 {
+            self.complete(now, r, sh);
+        } else {
+            self.decode_context += input as u64 + 1;
+            self.decoding.push(Reverse((index + output as u64 - 1, r)));
+        }
+    }
+
+    /// Synthetic engine: requests whose reused prefix already covers the processed prompt
+    /// have nothing to prefill and go straight to their first-token row.
+    fn fill_reused(&mut self, now: Micros, sh: &mut Shared) {
+        if sh.cost.synthetic.is_none() {
+            return;
+        }
+        let filled: Vec<u32> = self
+            .prefilling
+            .iter()
+            .copied()
+            .filter(|&r| {
+                let (Some(st), Some(req)) = (
+                    sh.reqs.get(r as usize),
+                    sh.workload.requests.get(r as usize),
+                ) else {
+                    return false;
+                };
+                st.ready <= now && st.prefilled >= sh.cost.prompt_rows(req.input_tokens)
+            })
+            .collect();
+        for r in filled {
+            let first_new = sh.reqs.get(r as usize).map_or(0, |st| st.reused_blocks) as usize;
+            if let Some(st) = sh.reqs.get_mut(r as usize) {
+                st.started.get_or_insert(now);
+            }
+            self.prefilling.retain(|&x| x != r);
+            self.cache_computed(now, r, first_new, sh);
+            self.firsts.push(r);
         }
     }
 
@@ -528,6 +598,9 @@ impl Worker {
         for &b in chain.iter().rev() {
             self.cache.unpin(Level::Gpu, b);
         }
+        if sh.cost.synthetic.is_some() {
+            self.checkpoint(r, sh);
+        }
         self.output_tokens.observe(req.output_tokens as f64);
         self.changes += 1;
         let Some(st) = sh.reqs.get_mut(r as usize) else {
@@ -541,6 +614,32 @@ impl Worker {
             self.decode_context = self
                 .decode_context
                 .saturating_sub(req.input_tokens as u64 + req.output_tokens as u64);
+        }
+    }
+}
+
+impl Worker {
+    /// Synthetic engine: den's worker checkpoints a completed route's computed chunks into
+    /// its RAM tier (else SSD).
+    fn checkpoint(&mut self, r: u32, sh: &Shared) {
+        let (Some(req), Some(st)) = (
+            sh.workload.requests.get(r as usize),
+            sh.reqs.get(r as usize),
+        ) else {
+            return;
+        };
+        let chain = sh.workload.blocks(req);
+        let first_new = st.reused_blocks as usize;
+        let bytes_of = |x: u32| sh.block_bytes(x);
+        for &b in chain.iter().skip(first_new) {
+            if self.cache.ram_capacity() > 0 {
+                if !self.cache.has(Level::Ram, b) {
+                    self.cache.traffic.gpu_to_ram_bytes += bytes_of(b);
+                }
+                self.cache.insert_ram(b, &bytes_of);
+            } else {
+                self.cache.insert_ssd(b);
+            }
         }
     }
 }

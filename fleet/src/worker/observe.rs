@@ -11,9 +11,6 @@ use crate::plan::{EnginePlan, PendingPrefill};
 impl Worker {
     /// The router's view of this worker at `now`.
     pub fn load(&self, now: Micros, sh: &Shared) -> WorkerLoad {
-        if let Some(engine) = sh.cost.serial {
-            return self.serial_load(now, sh, &engine);
-        }
         let capacity = self.cache.gpu_capacity();
         let used = self.cache.gpu_len() + self.private_blocks;
         let mut pending_model_ms = 0.0;
@@ -90,6 +87,7 @@ impl Worker {
             releases,
             plan: self.plan(now, sh),
             queue_ms: 0.0,
+            unreflected_ms: 0.0,
         }
     }
 
@@ -118,7 +116,7 @@ impl Worker {
                 continue;
             };
             let done = st.prefilled + in_flight(r);
-            if done >= req.input_tokens {
+            if done >= sh.cost.prompt_rows(req.input_tokens) {
                 continue;
             }
             let ready_us = if admitted {
@@ -148,10 +146,16 @@ impl Worker {
             max_batched_tokens: sh.cost.max_batched_tokens,
             costs: sh.cost.step_costs(),
             pending,
-            decoding: self.decoding.len() as u32,
+            // Filled requests whose first-token row is next, or in the step in flight,
+            // decode already (den's worker counts them so after the step that filled
+            // them).
+            decoding: (self.decoding.len()
+                + self.firsts.len()
+                + self.step.as_ref().map_or(0, |s| s.firsts.len())) as u32,
             decode_context_tokens: self.decode_context,
             step_remaining_ms: step_remaining_us as f64 / 1e3,
             step_calibration: self.step_calibration.or(1.0),
+            first_token_step: sh.cost.synthetic.is_some(),
         }
     }
 }

@@ -234,3 +234,58 @@ async fn agents_no_speculative_prefix_on_a_worker_without_tiers() {
         "{m}"
     );
 }
+
+/// Spec §7 K-3 on den's synthetic engine: concurrent requests on one worker all complete
+/// with every delta and the engine's own tokens, and their decode rows share steps (the
+/// synthetic engine runs on the same batching scheduler as a real model, and publishes
+/// its declared costs as the plan the router replays).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_synthetic_engine_batches_concurrent_decodes() {
+    let router = start_router(None, &[]);
+    let costs = [
+        "--prefill-ms-per-token",
+        "0.1",
+        "--first-token-ms",
+        "4",
+        "--decode-ms-per-token",
+        "20",
+    ];
+    let w = start_worker(&router, "w-s", false, &costs);
+    router.wait_workers(&["w-s"]).await;
+    let alone = router.generate(body("alone", &prompt(7, 40), 12)).await;
+    assert_eq!(alone.kind(), "completed", "{:?}", alone.terminal);
+    let before = w.metrics_text().await;
+    let together = futures_util::future::join_all((0..8).map(|i| {
+        let router = &router;
+        async move {
+            router
+                .generate(body(&format!("together-{i}"), &prompt(100 + i, 40), 12))
+                .await
+        }
+    }))
+    .await;
+    for g in &together {
+        assert_eq!(g.kind(), "completed", "{:?}", g.terminal);
+        assert_eq!(g.deltas.len(), 12);
+    }
+    // The same prompt alone and in a batch: the same tokens.
+    let again = router.generate(body("again", &prompt(7, 40), 12)).await;
+    assert_eq!(again.tokens(), alone.tokens());
+    let after = w.metrics_text().await;
+    let delta = |name: &str, labels: &[(&str, &str)]| {
+        metric(&after, name, labels) - metric(&before, name, labels)
+    };
+    let rows = delta("den_model_step_rows_total", &[("kind", "decode")]);
+    let steps = delta("den_model_decode_steps_total", &[]);
+    assert!(rows >= 8.0 * 12.0, "{rows} decode rows");
+    assert!(
+        rows >= 2.0 * steps,
+        "decodes shared steps: {rows} decode rows in {steps} steps; TTFTs {:?}",
+        together.iter().map(|g| g.ttft).collect::<Vec<_>>()
+    );
+    let observed = router.observation("w-s").await.expect("an observation");
+    let engine = &observed["engine"];
+    assert_eq!(engine["costs"]["kind"], "synthetic", "{engine}");
+    assert_eq!(engine["costs"]["decode_us_per_step"], 20_000.0, "{engine}");
+    assert_eq!(engine["first_token_step"], true, "{engine}");
+}

@@ -1,22 +1,25 @@
 //! The execution queue of one device: one OS thread that owns the page memory and runs
-//! restore, prefill, decode and checkpoint captures one at a time, in the order they
-//! were queued (spec §3.7, §3.10 single-lane runtime).
+//! an iteration-level batching scheduler ([`scheduler`]): each step one decode token for
+//! every running decode plus prompt rows within a token budget; restores and checkpoint
+//! captures run whole between steps, in the order they were queued (spec §3.7, §3.10).
 //!
-//! The engine is a real model when the worker was given one ([`model`]: den-model's
-//! forward pass over the route's pages, sampled), else the synthetic one (model-free, see
-//! `crate::engine`): prefill and decode really spend their declared costs on this thread,
-//! rows written into pages are the deterministic synthetic KV of (model, position,
-//! token), and output tokens are the engine's deterministic stream. Restores fetch the exact chunk chain tier by tier (ram,
+//! The engine is a real model when the worker was given one (den-model's forward pass
+//! over the route's pages, sampled), else the synthetic one (model-free, see
+//! `crate::engine`, and [`scheduler`]'s `synthetic`): the same scheduler, steps really
+//! spend their declared costs on this thread, rows written into pages are the
+//! deterministic synthetic KV of (model, position, token), and output tokens are the
+//! engine's deterministic stream. Restores fetch the exact chunk chain tier by tier (ram,
 //! then ssd, then object), scatter each chunk into pages claimed from the assignment's
 //! reservation and, with `verify`, read the rows back and compare them byte-exact with
 //! recomputation. A missing, corrupt or mismatching chunk ends the restore there: the
 //! rest is recomputed by prefill or decode (which repair a short prefix idempotently).
 //!
-//! Cancellation is cooperative: a cancelled job that has not started is skipped, and a
-//! running one stops at the next chunk or token boundary after finishing the copy in
-//! hand, leaving no pending append behind. Either way its result is reported (as a
-//! failure of the same operation kind), because the worker machine releases the
-//! assignment's pages only when that result arrives.
+//! Cancellation is cooperative: a cancelled job that has not started is skipped, a
+//! running restore stops at the next chunk boundary after finishing the copy in hand, and
+//! a prefill or decode leaves the scheduler at the next step boundary, leaving no pending
+//! append behind. Either way its result is reported (as a failure of the same operation
+//! kind), because the worker machine releases the assignment's pages only when that
+//! result arrives.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -32,14 +35,13 @@ use den_protocol::chunk::{ChunkDescriptor, plan_chunks};
 use den_protocol::ids::{AssignmentId, ModelFingerprint, RouteId};
 use den_protocol::pool::{Page, PoolError, TokenSlot, TransferTicket};
 use den_protocol::request::Token;
-use den_protocol::wire::StopReason;
 use den_protocol::worker::{Operation, OperationKind, OperationOutcome, Work};
 
 use den_model::{Model, Runner};
 use den_protocol::engine_plan::EnginePlan;
 use den_protocol::pool::AppendReservation;
 
-use crate::engine::{EngineCosts, SyntheticKv, context_hash, output_token};
+use crate::engine::{EngineCosts, SyntheticKv};
 use crate::memory::{MemoryError, PageMemory, RowRun, TransferTotals};
 use crate::metrics::Metrics;
 use crate::model_file::{ModelFile, runner_options};
@@ -49,9 +51,9 @@ use crate::worker::meters::{Calibration, QueueMeter};
 use crate::worker::pool::SharedPool;
 use crate::worker::store::{BadReplica, Tiers};
 
-mod model;
+mod scheduler;
 
-use model::ModelEngine;
+use scheduler::ModelEngine;
 
 /// What the device thread does with the work it is given.
 #[derive(Debug, Clone, Copy)]
@@ -168,11 +170,11 @@ pub fn spawn(
                 },
                 None => None,
             };
-            let mut fit = model::StepFit::default();
+            let mut fit = scheduler::StepFit::default();
             let engine = match (&loaded, &model) {
                 (Some(m), Some(mf)) => match Runner::new(m, runner_options(threads)) {
                     Ok(mut r) => {
-                        if let Some(seeded) = model::StepFit::calibrated(&mut r) {
+                        if let Some(seeded) = scheduler::StepFit::calibrated(&mut r) {
                             fit = seeded;
                         }
                         Some(ModelEngine::new(r, Arc::clone(&mf.text)))
@@ -197,13 +199,7 @@ pub fn spawn(
             // A calibrated model reports its idle plan before its first request.
             device.publish_idle_plan();
             let _ = ready_tx.send(Ok(()));
-            if device.model.is_some() {
-                device.run_batched(&rx);
-            } else {
-                while let Ok(job) = rx.recv() {
-                    device.run(job);
-                }
-            }
+            device.run_batched(&rx);
         })
         .map_err(|e| format!("cannot start the device thread: {e}"))?;
     match ready_rx.recv() {
@@ -229,7 +225,7 @@ struct Device<'m, 'a> {
     /// The real model, when the worker serves one (then every operation runs it).
     model: Option<ModelEngine<'m, 'a>>,
     /// What the real model's steps cost, fitted from the steps run.
-    fit: model::StepFit,
+    fit: scheduler::StepFit,
 }
 
 /// Why an operation stopped early.
@@ -265,17 +261,11 @@ impl Device<'_, '_> {
                 } else {
                     let result = match op.kind {
                         OperationKind::Restore => self.restore(&op.work, &cancel),
-                        // A real model's prefills and decodes go through the batching
-                        // scheduler ([`model`]), never here.
-                        OperationKind::Prefill | OperationKind::Decode if self.model.is_some() => {
-                            Err(Stop::Failed(
-                                "a model operation outside the scheduler".into(),
-                            ))
-                        }
-                        OperationKind::Prefill => self
-                            .fill(&op.work, &cancel)
-                            .map(|_| OperationOutcome::Prefilled),
-                        OperationKind::Decode => self.decode(&op.work, &cancel),
+                        // Prefills and decodes go through the batching scheduler, never
+                        // here.
+                        OperationKind::Prefill | OperationKind::Decode => Err(Stop::Failed(
+                            "a prefill or decode outside the scheduler".into(),
+                        )),
                     };
                     match result {
                         Ok(outcome) => outcome,
@@ -370,90 +360,6 @@ impl Device<'_, '_> {
         })
     }
 
-    /// Compute the rows of the processed prompt the route does not hold yet, spending
-    /// the declared prefill cost (prefill, and the repair step of decode).
-    fn fill(&mut self, work: &Work, cancel: &AtomicBool) -> Result<u32, Stop> {
-        let request = &work.request;
-        let route = &work.route;
-        let upto = request.processed();
-        self.ensure_route(route)?;
-        let piece = self.ctx.config.chunk_size.max(1);
-        let mut computed = 0;
-        loop {
-            let have = self.route_len(route);
-            if have >= upto {
-                break;
-            }
-            let n = (upto - have).min(piece);
-            let t0 = Instant::now();
-            if !spend(self.ctx.config.costs.prefill(n as u64), cancel) {
-                return Err(Stop::Cancelled);
-            }
-            let tokens = token_range(&request.tokens, have, have + n)?;
-            self.append_rows(route, &request.model, have, tokens)?;
-            self.ctx
-                .calibration
-                .prefill(t0.elapsed().as_secs_f64() * 1e3, n);
-            self.ctx.metrics.counter_add(
-                "den_recomputed_tokens_total",
-                "Prompt tokens whose KV was computed (not reused from a cache).",
-                &[],
-                n as f64,
-            );
-            computed += n;
-        }
-        Ok(computed)
-    }
-
-    /// Repair the prefix if a restore fell short, then produce `max_new_tokens` tokens:
-    /// the first after `first_token_ms`, every further one after `decode_ms_per_token`.
-    /// Each step appends the row of the token it consumed (the pending prompt token, then
-    /// each generated token but the last), so the route ends at `processed + max_new`.
-    fn decode(&mut self, work: &Work, cancel: &AtomicBool) -> Result<OperationOutcome, Stop> {
-        self.fill(work, cancel)?;
-        let request = &work.request;
-        let route = &work.route;
-        let processed = request.processed();
-        let context = context_hash(&request.tokens);
-        let costs = self.ctx.config.costs;
-        let mut out: Vec<Token> = Vec::with_capacity(request.max_new_tokens as usize);
-        for i in 0..request.max_new_tokens {
-            let t0 = Instant::now();
-            let cost = if i == 0 {
-                costs.first_token()
-            } else {
-                costs.decode_step()
-            };
-            if !spend(cost, cancel) {
-                return Err(Stop::Cancelled);
-            }
-            let consumed = match i {
-                0 => request.tokens.last().copied(),
-                _ => out.last().copied(),
-            }
-            .ok_or_else(|| Stop::Failed("a request has at least one token".into()))?;
-            let position = processed + i;
-            self.append_rows(route, &request.model, position, &[consumed])?;
-            let token = output_token(&request.model, context, i);
-            out.push(token);
-            let ms = t0.elapsed().as_secs_f64() * 1e3;
-            if i == 0 {
-                self.ctx.calibration.first_token(ms);
-            } else {
-                self.ctx.calibration.decode_step(ms);
-            }
-            let _ = self.ctx.events.send(DeviceEvent::Token {
-                assignment: work.assignment.clone(),
-                token,
-                index: i,
-            });
-        }
-        Ok(OperationOutcome::Decoded {
-            tokens: out,
-            stop: StopReason::Length,
-        })
-    }
-
     /// Copy the rows of `chunks` out of `pages` (a leased route snapshot).
     fn capture(
         &mut self,
@@ -494,22 +400,6 @@ impl Device<'_, '_> {
             .lock()
             .route(route)
             .map_or(0, |r| r.token_count())
-    }
-
-    /// Append the synthetic rows of `tokens` at `start` to `route`: reserve the slots
-    /// (copy-on-write of a shared tail included), write, commit.
-    fn append_rows(
-        &mut self,
-        route: &RouteId,
-        model: &ModelFingerprint,
-        start: u32,
-        tokens: &[Token],
-    ) -> Result<(), Stop> {
-        let row_bytes = self.ctx.config.row_bytes as usize;
-        let rows = self.kv(model).rows(start, tokens, row_bytes);
-        let appended =
-            self.write_append(route, start, tokens.len() as u32, &rows, |_, _| Ok(()))?;
-        appended.map_err(|Mismatch(d)| Stop::Failed(d))
     }
 
     /// Scatter a restored chunk into `route`, verifying it against recomputation when

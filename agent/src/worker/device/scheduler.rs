@@ -1,12 +1,13 @@
-//! The device thread with a real model: an iteration-level batching scheduler over
-//! den-model's forward pass, in the worker's own host page arena.
+//! The device thread's iteration-level batching scheduler, for both engines: a real model
+//! (den-model's forward pass, in the worker's own host page arena) and the synthetic one
+//! ([`super::synthetic`]: model-free rows and tokens, the declared costs spent per step).
 //!
-//! Each **step** is one weight pass (`Runner::forward`) over a batch of rows: one decode
-//! token for every running decode, then prompt rows of assignments still filling — the
-//! repair of decodes whose restore fell short before plain prefills — within the token
-//! budget (`--batch-tokens`). A long prompt is so prefilled a budget at a time between the
-//! decode steps of others, and decodes that arrive while one runs join the next step.
-//! Restores and checkpoint captures are copies: they run between steps, whole.
+//! Each **step** is one weight pass over a batch of rows: one decode token for every
+//! running decode, then prompt rows of assignments still filling — the repair of decodes
+//! whose restore fell short before plain prefills — within the token budget
+//! (`--batch-tokens`). A long prompt is so prefilled a budget at a time between the decode
+//! steps of others, and decodes that arrive while one runs join the next step. Restores
+//! and checkpoint captures are copies: they run between steps, whole.
 //!
 //! Every row goes through the pool's two-phase append: each participant's slots are
 //! reserved (a shared tail copied first) before the pass, written in place by it through
@@ -18,8 +19,8 @@
 //!
 //! Admission stays the worker machine's (pages are reserved for the projected context
 //! before an offer is accepted), so a step never runs out of the pages it was promised.
-//! Restored chunks are checked by the hash their tier stored, not by recomputation: real
-//! KV is not bit-reproducible across batch shapes.
+//! Restored chunks of a real model are checked by the hash their tier stored, not by
+//! recomputation: real KV is not bit-reproducible across batch shapes.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -30,6 +31,7 @@ use den_model::BatchRow;
 use den_model::Runner;
 use den_model::kv::{ArenaRows, Sequence};
 use den_model::sample::{FinishReason, Generation, Step};
+use den_protocol::chunk::PrefixHash;
 use den_protocol::engine_plan::{EnginePlan, PendingPrefill, StepCosts};
 use den_protocol::observation::MAX_PLAN_PENDING;
 use den_protocol::request::Token;
@@ -37,6 +39,9 @@ use den_protocol::wire::StopReason;
 use den_protocol::worker::{Operation, OperationKind, OperationOutcome};
 
 use super::{Device, DeviceEvent, Job, PendingAppend, Stop, failed};
+mod synthetic;
+
+use crate::engine::context_hash;
 use crate::model_file::{ModelText, generation_config};
 
 /// A loaded model on the device thread.
@@ -135,11 +140,19 @@ struct Active {
 }
 
 struct Decoding {
-    generation: Generation,
+    generator: Generator,
     out: Vec<Token>,
     /// The token whose row the next step writes (the pending prompt token, then each
     /// generated one).
     consumed: Token,
+}
+
+/// Where a decode's tokens come from.
+enum Generator {
+    /// The real model's logits, sampled.
+    Model(Box<Generation>),
+    /// The synthetic engine's deterministic stream for this prompt.
+    Synthetic { context: PrefixHash },
 }
 
 /// A decode row's sampled token and whether it ended the output, or why sampling failed.
@@ -232,6 +245,18 @@ impl Device<'_, '_> {
                 if self.route_len(&active[i].op.work.route) >= processed {
                     match self.filled(&active[i]) {
                         Ok(None) => self.retire(active, i, OperationOutcome::Prefilled),
+                        // The synthetic engine produces exactly `max_new_tokens`; a model
+                        // samples at least one (its generation's own limit).
+                        Ok(Some(d))
+                            if matches!(d.generator, Generator::Synthetic { .. })
+                                && active[i].op.work.request.max_new_tokens == 0 =>
+                        {
+                            let done = OperationOutcome::Decoded {
+                                tokens: Vec::new(),
+                                stop: StopReason::Length,
+                            };
+                            self.retire(active, i, done);
+                        }
                         Ok(Some(d)) => active[i].decoding = Some(d),
                         Err(stop) => {
                             let kind = active[i].op.kind;
@@ -357,13 +382,20 @@ impl Device<'_, '_> {
     /// planner serves them), the decoding set and its context, the measured costs.
     /// The plan of an idle model (nothing pending, nothing decoding), when costs are known.
     pub(super) fn publish_idle_plan(&self) {
-        if self.model.is_some() {
-            self.publish_plan(&[]);
+        self.publish_plan(&[]);
+    }
+
+    /// What a step costs: a model's fitted from its steps, the synthetic engine's
+    /// declared ([`super::synthetic`] spends exactly these).
+    fn step_costs(&self) -> Option<StepCosts> {
+        match &self.model {
+            Some(_) => self.fit.costs(),
+            None => Some(synthetic::step_costs(&self.ctx.config.costs)),
         }
     }
 
     fn publish_plan(&self, active: &[Active]) {
-        let Some(costs) = self.fit.costs() else {
+        let Some(costs) = self.step_costs() else {
             return;
         };
         let Ok(mut slot) = self.ctx.engine_plan.lock() else {
@@ -373,6 +405,8 @@ impl Device<'_, '_> {
         let plan = slot.get_or_insert_with(EnginePlan::default);
         plan.max_batched_tokens = self.ctx.config.batch_tokens.max(1);
         plan.costs = costs;
+        // The last prompt token is the row of the decode step that samples the first.
+        plan.first_token_step = true;
         plan.pending.clear();
         plan.decoding = 0;
         plan.decode_context_tokens = 0;
@@ -405,14 +439,14 @@ impl Device<'_, '_> {
         let m = &self.ctx.metrics;
         m.counter_add(
             "den_model_steps_total",
-            "Batched forward passes of the real model.",
+            "Batched steps of the engine (a real model's forward passes, or the synthetic engine's).",
             &[],
             1.0,
         );
         if decodes > 0 {
             m.counter_add(
                 "den_model_decode_steps_total",
-                "Batched forward passes with at least one decode row.",
+                "Batched engine steps with at least one decode row.",
                 &[],
                 1.0,
             );
@@ -420,7 +454,7 @@ impl Device<'_, '_> {
         for (kind, rows) in [("decode", decodes as f64), ("prompt", f64::from(prompt))] {
             m.counter_add(
                 "den_model_step_rows_total",
-                "Rows of the real model's batched passes, by kind (decode tokens, prompt rows).",
+                "Rows of the engine's batched steps, by kind (decode tokens, prompt rows).",
                 &[("kind", kind)],
                 rows,
             );
@@ -433,27 +467,32 @@ impl Device<'_, '_> {
         if a.op.kind != OperationKind::Decode {
             return Ok(None);
         }
-        let engine = self
-            .model
-            .as_ref()
-            .ok_or_else(|| Stop::Failed("no model loaded".into()))?;
         let request = &a.op.work.request;
-        let context = engine.runner.model().config().context_length as usize;
-        let config = generation_config(&request.sampling, &request.id, request.max_new_tokens);
-        let generation = Generation::new(
-            &engine.text.tokenizer,
-            config,
-            request.tokens.len(),
-            context,
-        )
-        .map_err(|e| Stop::Failed(format!("generation: {e}")))?;
         let consumed = request
             .tokens
             .last()
             .copied()
             .ok_or_else(|| Stop::Failed("a request has at least one token".into()))?;
+        let generator = match &self.model {
+            None => Generator::Synthetic {
+                context: context_hash(&request.tokens),
+            },
+            Some(engine) => {
+                let context = engine.runner.model().config().context_length as usize;
+                let config =
+                    generation_config(&request.sampling, &request.id, request.max_new_tokens);
+                let generation = Generation::new(
+                    &engine.text.tokenizer,
+                    config,
+                    request.tokens.len(),
+                    context,
+                )
+                .map_err(|e| Stop::Failed(format!("generation: {e}")))?;
+                Generator::Model(Box::new(generation))
+            }
+        };
         Ok(Some(Decoding {
-            generation,
+            generator,
             out: Vec::with_capacity((request.max_new_tokens as usize).min(4096)),
             consumed,
         }))
@@ -491,6 +530,9 @@ impl Device<'_, '_> {
     /// Runs the step's rows through the model and samples each decode's next token (in
     /// the order of the decode parts). Nothing is committed here.
     fn pass(&mut self, active: &mut [Active], parts: &[Part]) -> Result<Vec<Sampled>, Stop> {
+        if self.model.is_none() {
+            return self.synthetic_pass(active, parts);
+        }
         let seqs: Vec<Sequence> = parts
             .iter()
             .map(|p| {
@@ -560,7 +602,10 @@ impl Device<'_, '_> {
             };
             let row = logits.get(k * vocab..(k + 1) * vocab).unwrap_or_default();
             k += 1;
-            out.push(match d.generation.step(&text.tokenizer, row) {
+            let Generator::Model(generation) = &mut d.generator else {
+                return Err(Stop::Failed("a synthetic decode in a model's pass".into()));
+            };
+            out.push(match generation.step(&text.tokenizer, row) {
                 Ok(Step::Token { id, .. }) => Ok((id, None)),
                 Ok(Step::Finished { id, reason, .. }) => Ok((id, Some(reason))),
                 Err(e) => Err(format!("sampling: {e}")),
