@@ -202,17 +202,17 @@ pub struct WorkerArgs {
     /// Threads of the model's forward pass [default: every core].
     #[arg(long, env = "DEN_MODEL_THREADS", value_name = "N")]
     pub model_threads: Option<usize>,
-    /// Rows of one batched step of a real model: every running decode's next token, then
-    /// prompt rows of requests still prefilling [default: 64].
+    /// Rows of one batched step (real model or synthetic engine): every running decode's
+    /// next token, then prompt rows of requests still prefilling [default: 64].
     #[arg(long, env = "DEN_BATCH_TOKENS", value_name = "N")]
     pub batch_tokens: Option<u32>,
-    /// Declared cost of prefilling one uncached prompt token, really spent on the execution queue [default: 0.05].
+    /// Synthetic engine: declared cost of one prompt row of a step, really spent on the device thread [default: 0.05].
     #[arg(long, env = "DEN_PREFILL_MS_PER_TOKEN", value_name = "MS")]
     pub prefill_ms_per_token: Option<f64>,
-    /// Declared cost of each decode step after the first token [default: 5].
+    /// Synthetic engine: the least a step with decode rows takes, whatever the batch [default: 5].
     #[arg(long, env = "DEN_DECODE_MS_PER_TOKEN", value_name = "MS")]
     pub decode_ms_per_token: Option<f64>,
-    /// Declared cost of producing the first token once the prefix is in place [default: 2].
+    /// Synthetic engine: the least a step that yields some request's first token takes [default: 2].
     #[arg(long, env = "DEN_FIRST_TOKEN_MS", value_name = "MS")]
     pub first_token_ms: Option<f64>,
     /// Capacity of the RAM chunk tier; 0 disables it [default: 1GiB].
