@@ -38,7 +38,7 @@ use den_protocol::request::Token;
 use den_protocol::wire::StopReason;
 use den_protocol::worker::{Operation, OperationKind, OperationOutcome};
 
-use super::{Device, DeviceEvent, Job, PendingAppend, Stop, failed};
+use super::{Device, DeviceEvent, Job, PendingAppend, Stop, failed, token_range};
 mod synthetic;
 
 use crate::engine::context_hash;
@@ -556,17 +556,7 @@ impl Device<'_, '_> {
                 }),
                 None => {
                     let tokens =
-                        a.op.work
-                            .request
-                            .tokens
-                            .get(p.start as usize..(p.start + p.count) as usize)
-                            .ok_or_else(|| {
-                                Stop::Failed(format!(
-                                    "token range {}..{} is outside the request",
-                                    p.start,
-                                    p.start + p.count
-                                ))
-                            })?;
+                        token_range(&a.op.work.request.tokens, p.start, p.start + p.count)?;
                     rows.extend(tokens.iter().enumerate().map(|(k, t)| BatchRow {
                         token: *t,
                         pos: p.start + k as u32,

@@ -18,7 +18,7 @@ use den_protocol::engine_plan::StepCosts;
 
 use super::{Active, Generator, Part, Sampled};
 use crate::engine::{EngineCosts, output_token};
-use crate::worker::device::{Device, Stop, slot_runs};
+use crate::worker::device::{Device, Stop, slot_runs, token_range};
 
 /// The plan a synthetic worker publishes: its declared costs as steps.
 pub(in crate::worker::device) fn step_costs(costs: &EngineCosts) -> StepCosts {
@@ -49,16 +49,7 @@ impl Device<'_, '_> {
                 .ok_or_else(|| Stop::Failed("a step part without reserved slots".into()))?;
             let tokens = match &a.decoding {
                 Some(d) => std::slice::from_ref(&d.consumed),
-                None => request
-                    .tokens
-                    .get(p.start as usize..(p.start + p.count) as usize)
-                    .ok_or_else(|| {
-                        Stop::Failed(format!(
-                            "token range {}..{} is outside the request",
-                            p.start,
-                            p.start + p.count
-                        ))
-                    })?,
+                None => token_range(&request.tokens, p.start, p.start + p.count)?,
             };
             let bytes = self.kv(&request.model).rows(p.start, tokens, row_bytes);
             self.memory
