@@ -93,9 +93,7 @@ impl StepCosts {
             }
         }
     }
-}
 
-impl StepCosts {
     /// The least a step that yields a decode's first token takes, µs: the synthetic
     /// engine's declared first-token cost (0 for a measured batched engine, whose first
     /// token is one more row).

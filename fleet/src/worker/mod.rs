@@ -474,7 +474,7 @@ impl Worker {
             let Some(req) = sh.workload.requests.get(r as usize) else {
                 continue;
             };
-            let (input, output) = (req.input_tokens, req.output_tokens);
+            let input = req.input_tokens;
             let Some(st) = sh.reqs.get_mut(r as usize) else {
                 continue;
             };
@@ -498,7 +498,6 @@ impl Worker {
             if sh.cost.synthetic.is_some() {
                 self.firsts.push(r);
             } else {
-                let _ = output;
                 self.first_token(now, index, r, sh);
             }
         }

@@ -545,12 +545,7 @@ async fn placement_runtime_den_reconcile_resolves_stored_fences() {
 
     let url = server.url();
     let out = den_cli(&url, state.path(), &["reconcile"]).await;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = succeeded(&out);
     assert!(stdout.contains(&format!("{INSTANCE}: placed")), "{stdout}");
     assert_eq!(
         count(&requests(&server), "POST", "/instance"),
@@ -629,13 +624,7 @@ async fn placement_runtime_den_place_takes_the_whole_intent_from_the_command_lin
         ],
     )
     .await;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = succeeded(&out);
     let json: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON document");
     assert_eq!(json["outcome"], "placed", "{json}");
     assert_eq!(count(&requests(&server), "POST", "/instance"), 1);
@@ -686,13 +675,7 @@ async fn placement_runtime_den_delete_confirms_the_instance_is_gone() {
     );
 
     let out = run(gone.url(), vec!["--yes"]).await;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = succeeded(&out);
     assert!(stdout.contains("gone from /state"), "{stdout}");
     assert_eq!(
         count(&requests(&gone), "DELETE", &format!("/instance/{INSTANCE}")),
@@ -723,13 +706,7 @@ async fn placement_runtime_den_delete_confirms_the_instance_is_gone() {
 
     // den reconcile retries it until absence is confirmed, then forgets it
     let out = den_cli(&listed.url(), state.path(), &["reconcile"]).await;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = succeeded(&out);
     assert!(stdout.contains(&format!("{INSTANCE}: deleted")), "{stdout}");
     assert_eq!(
         count(
@@ -787,13 +764,7 @@ async fn placement_runtime_den_place_polls_the_compute_node_too() {
     let compute = server("compute_node_ready.json", &[("NODE", NODE)]);
     let state = temp_dir().expect("tempdir");
     let out = place(management.url(), compute.url(), state.path().to_path_buf()).await;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeded(&out);
     let seen = requests(&compute);
     assert_eq!(count(&seen, "GET", "/node_id"), 1);
     assert!(
@@ -838,13 +809,7 @@ async fn den_cancel_goes_to_skulk_when_no_router_is_configured() {
     let skulk = server("skulk_cancel.json", &[("COMMAND", COMMAND)]);
     let state = temp_dir().expect("tempdir");
     let out = den_cli(&skulk.url(), state.path(), &["cancel", COMMAND]).await;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeded(&out);
     assert_eq!(
         count(&requests(&skulk), "POST", &format!("/v1/cancel/{COMMAND}")),
         1
@@ -857,4 +822,16 @@ async fn den_cancel_goes_to_skulk_when_no_router_is_configured() {
         stderr.contains("404") && stderr.lines().count() <= 3,
         "{stderr}"
     );
+}
+
+/// A command's stdout after checking it exited 0 (else both streams in the failure).
+fn succeeded(out: &std::process::Output) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
 }

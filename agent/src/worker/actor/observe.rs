@@ -59,6 +59,15 @@ impl Actor {
             .lock()
             .ok()
             .and_then(|p| p.clone());
+        if let Some(plan) = &obs.engine {
+            // The scheduler's own queue: when its pending prefills are done, by the replay
+            // the router prices with (the meter's sum of queued operations is a serial
+            // engine's, which no den worker is any more).
+            obs.queue_ms = den_protocol::engine_plan::replay(plan, None)
+                .finish_ms
+                .iter()
+                .fold(0.0, |a: f64, b| a.max(*b));
+        }
         obs.object_store = self.p.tiers.object.is_some();
         obs.tiers = self.tier_usage.clone();
         obs.backend = self.p.backend.clone();
