@@ -4,6 +4,7 @@
 use std::sync::Mutex;
 
 use super::{Arch, Model, ModelError};
+use crate::ggml_type::GgmlType;
 use crate::kv::{KV_ELEM_BYTES, KvPages, Sequence};
 use crate::ops::attention::{self, AttnError, AttnShape, Query};
 use crate::ops::kernels::{Kernels, Q8Rows};
@@ -590,8 +591,13 @@ fn quantize_for(
     n: usize,
     q8: &mut Q8Rows,
 ) {
-    if ws.iter().any(|w| w.uses_q8(mode)) {
-        q8.quantize(k, x, rows, n);
+    let q8_users = || ws.iter().filter(|w| w.uses_q8(mode));
+    if q8_users().next().is_some() {
+        // llama.cpp quantizes a K-quant's activations per 256 (`block_q8_K`); den's dots
+        // take either layout, so a mixed group keeps the per-32 one.
+        let per_256 = n.is_multiple_of(256)
+            && q8_users().all(|w| matches!(w.ty, GgmlType::Q4_K | GgmlType::Q6_K));
+        q8.quantize_as(k, x, rows, n, per_256);
     }
 }
 

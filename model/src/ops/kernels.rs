@@ -81,6 +81,12 @@ impl Q8Rows {
 
     /// Quantizes `rows` rows of `n` from `x` (row-major), growing the buffers if needed.
     pub fn quantize(&mut self, k: Kernels, x: &[f32], rows: usize, n: usize) {
+        self.quantize_as(k, x, rows, n, false);
+    }
+
+    /// [`Q8Rows::quantize`], or with `per_256` (`n` a multiple of 256) as ggml's
+    /// `block_q8_K`, the activations of its K-quant dots: one f32 scale per 256.
+    pub fn quantize_as(&mut self, k: Kernels, x: &[f32], rows: usize, n: usize, per_256: bool) {
         let nb = n / QK;
         self.n = n;
         self.rows = rows;
@@ -92,6 +98,15 @@ impl Q8Rows {
             self.s.resize(rows * nb, 0.0);
         }
         for i in 0..rows {
+            if per_256 {
+                super::ggml_round::quantize_row_q8k(
+                    &x[i * n..(i + 1) * n],
+                    &mut self.q[i * n..(i + 1) * n],
+                    &mut self.d[i * nb..(i + 1) * nb],
+                    &mut self.s[i * nb..(i + 1) * nb],
+                );
+                continue;
+            }
             k.quantize_row(
                 &x[i * n..(i + 1) * n],
                 &mut self.q[i * n..(i + 1) * n],

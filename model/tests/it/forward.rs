@@ -562,9 +562,10 @@ fn paging_batching_and_threads_change_no_bit() {
             );
         }
         // Scalar kernels sum in another order: in exact mode that is all; quantized, an
-        // activation that lands the other side of a rounding step would move a quant by
-        // one (measured: 2e-8 here, no such flip).
-        for (mode, tol) in [(MatmulMode::Exact, 1e-4), (MatmulMode::Quantized, 1e-3)] {
+        // activation that lands the other side of a rounding step moves a quant by one,
+        // and a GELU input the other side of an f16 step (ggml's GELU table) moves its
+        // output by 2^-11 (measured: llama 3e-8, gemma3 1.8e-3).
+        for (mode, tol) in [(MatmulMode::Exact, 1e-4), (MatmulMode::Quantized, 5e-3)] {
             let mut simd = Runner::new(&m, opts(mode)).unwrap();
             let want = prefill_last(&mut simd, &toks, 3);
             let o = RunnerOptions {
