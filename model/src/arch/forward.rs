@@ -248,6 +248,7 @@ impl<'m, 'a> Runner<'m, 'a> {
                 },
                 kv,
                 0,
+                tokens.len(),
             )?;
         }
         seq.set_len(start + n);
@@ -281,7 +282,7 @@ impl<'m, 'a> Runner<'m, 'a> {
         }
         let mut done = 0;
         for chunk in rows.chunks(self.opts.max_batch) {
-            self.forward_chunk(chunk.len(), |i| chunk[i], kv, done)?;
+            self.forward_chunk(chunk.len(), |i| chunk[i], kv, done, rows.len())?;
             done += chunk.iter().filter(|r| r.logits).count();
         }
         Ok(&self.s.logits[..wanted * vocab])
@@ -321,14 +322,15 @@ impl<'m, 'a> Runner<'m, 'a> {
         Ok(())
     }
 
-    /// One weight pass over `n ≤ cap` rows; logits of wanting rows go to `logits` rows
-    /// `logit_base..`.
+    /// One weight pass over `n ≤ cap` rows of a batch of `batch` rows; logits of wanting
+    /// rows go to `logits` rows `logit_base..`.
     fn forward_chunk<'s, K: KvPages + Sync>(
         &mut self,
         n: usize,
         row: impl Fn(usize) -> BatchRow<'s> + Sync,
         kv: &mut K,
         logit_base: usize,
+        batch: usize,
     ) -> Result<(), ModelError> {
         if n > self.s.cap {
             self.size_scratch(n);
@@ -462,6 +464,9 @@ impl<'m, 'a> Runner<'m, 'a> {
                     k_off,
                     v_off,
                     window: lc.window,
+                    // llama.cpp's flash attention rounds through f16 below 64 query rows
+                    // of a batch (its tiled f32 path from there on).
+                    f16_accum: mode == MatmulMode::Quantized && batch < attention::TILED_FROM_ROWS,
                 },
                 &s.q[..n * qd],
                 &mut s.att[..n * qd],

@@ -9,6 +9,7 @@
 
 use std::sync::Mutex;
 
+use super::ggml_round;
 use super::kernels::Kernels;
 use super::matmul::ThreadScratch;
 use super::pool::{Pool, PoolPanicked};
@@ -28,7 +29,15 @@ pub struct AttnShape {
     pub v_off: usize,
     /// Keys with `t - key_pos >= window` are masked (llama.cpp's standard SWA).
     pub window: Option<u32>,
+    /// Round as llama.cpp's one-row flash attention with an f16 cache does
+    /// ([`head_group_f16`]); otherwise f32 throughout in tiles of [`STEP`] keys (its
+    /// tiled path).
+    pub f16_accum: bool,
 }
+
+/// The batch size (query rows) from which llama.cpp's CPU flash attention takes its
+/// tiled f32 path (`GGML_FA_TILE_Q`).
+pub const TILED_FROM_ROWS: usize = 64;
 
 /// A query row: its position and its sequence.
 #[derive(Debug, Clone, Copy)]
@@ -82,6 +91,7 @@ pub fn attention<'s, K: KvPages + Sync>(
         ts.max.resize(group, 0.0);
         ts.sum.resize(group, 0.0);
         ts.acc.resize(group * hd, 0.0);
+        ts.qh.resize(group * hd, 0.0);
         loop {
             let next = tasks.lock().ok().and_then(|mut t| t.next());
             let Some((task, out)) = next else { break };
@@ -91,7 +101,12 @@ pub fn attention<'s, K: KvPages + Sync>(
             }
             let query = queries(i);
             let qs = &q[i * qdim + g * group * hd..i * qdim + (g + 1) * group * hd];
-            if let Err(e) = head_group(k, kv, &query, shape, g, group, qs, ts, out)
+            let done = if shape.f16_accum {
+                head_group_f16(k, kv, &query, shape, g, group, qs, ts, out)
+            } else {
+                head_group(k, kv, &query, shape, g, group, qs, ts, out)
+            };
+            if let Err(e) = done
                 && let Ok(mut f) = failed.lock()
             {
                 *f = Some(e);
@@ -100,6 +115,75 @@ pub fn attention<'s, K: KvPages + Sync>(
     })?;
     if let Some(e) = failed.into_inner().ok().flatten() {
         return Err(e.into());
+    }
+    Ok(())
+}
+
+/// [`head_group`] as `ggml_compute_forward_flash_attn_ext_f16_one_chunk` computes it: each
+/// query head rounded to f16; per key in position order the score (ggml's f16 dot order),
+/// a new maximum rescales the f16 accumulator, `V × e^(s - max)` is added with one rounding
+/// to f16, and the sum is updated by one FMA. Bit for bit llama.cpp's on an AVX-512 build.
+#[allow(clippy::too_many_arguments)]
+fn head_group_f16<K: KvPages>(
+    k: Kernels,
+    kv: &K,
+    query: &Query<'_>,
+    shape: AttnShape,
+    g: usize,
+    group: usize,
+    qs: &[f32],
+    ts: &mut ThreadScratch,
+    out: &mut [f32],
+) -> Result<(), KvError> {
+    let hd = shape.head_dim;
+    let ps = kv.page_size();
+    let head_bytes = hd * KV_ELEM_BYTES;
+    let (k_at, v_at) = (shape.k_off + g * head_bytes, shape.v_off + g * head_bytes);
+    ts.qh[..group * hd].copy_from_slice(&qs[..group * hd]);
+    ggml_round::round_f16(k, &mut ts.qh[..group * hd]);
+    ts.max[..group].fill(f32::NEG_INFINITY);
+    ts.sum[..group].fill(0.0);
+    ts.acc[..group * hd].fill(0.0);
+    ts.head.resize(2 * hd, 0.0);
+    for t in first_visible(query.pos, shape.window)..=query.pos {
+        let (page, slot) = query.seq.locate_or_err(t, ps)?;
+        let r = kv.row(page, slot).ok_or(KvError::NoRow { page, slot })?;
+        let size = KvError::RowSize {
+            got: r.len(),
+            expected: k_at.max(v_at) + head_bytes,
+        };
+        let kb = r.get(k_at..k_at + head_bytes).ok_or(size.clone())?;
+        let vb = r.get(v_at..v_at + head_bytes).ok_or(size)?;
+        let (kf, vf) = ts.head.split_at_mut(hd);
+        k.f16_to_f32(kb, kf);
+        k.f16_to_f32(vb, &mut vf[..hd]);
+        for h in 0..group {
+            let s = ggml_round::dot_f16(k, &ts.qh[h * hd..(h + 1) * hd], kf);
+            let acc = &mut ts.acc[h * hd..(h + 1) * hd];
+            let (ms, vs) = if s > ts.max[h] {
+                let ms = (ts.max[h] - s).exp();
+                ts.max[h] = s;
+                ggml_round::scale_f16(k, ms, acc);
+                (ms, 1.0)
+            } else {
+                (1.0, (s - ts.max[h]).exp())
+            };
+            ggml_round::axpy_f16(k, vs, &vf[..hd], acc);
+            ts.sum[h] = ts.sum[h].mul_add(ms, vs);
+        }
+    }
+    for h in 0..group {
+        let inv = if ts.sum[h] > 0.0 {
+            1.0 / ts.sum[h]
+        } else {
+            0.0
+        };
+        for (o, a) in out[h * hd..(h + 1) * hd]
+            .iter_mut()
+            .zip(&ts.acc[h * hd..(h + 1) * hd])
+        {
+            *o = a * inv;
+        }
     }
     Ok(())
 }

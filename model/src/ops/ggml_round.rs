@@ -3,6 +3,9 @@
 //! greedy agreement): a near-tie in a 135 M-parameter model flips on differences of a few
 //! units in the fourth decimal, and every later token differs from there.
 //!
+//! - flash attention below 64 query rows (`ggml_compute_forward_flash_attn_ext_f16_one_
+//!   chunk`): Q rounded to f16, scores by ggml's f16 dot ([`dot_f16`]), the V accumulator
+//!   kept in f16 and rounded after every key ([`axpy_f16`], [`scale_f16`]);
 //! - GELU through a table of f16 results indexed by the f16-rounded input
 //!   (`GGML_GELU_FP16`): [`gelu_f16`];
 //! - SiLU through ggml's vectorised `expf` (`ggml_v_expf`, AVX-512 form, ~1.5 ulp):
@@ -21,6 +24,86 @@ use crate::quant::f16_to_f32;
 #[inline(always)]
 pub fn r16(x: f32) -> f32 {
     f16_to_f32(f32_to_f16(x))
+}
+
+/// `x` rounded to f16 in place.
+pub fn round_f16(k: Kernels, x: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if k.is_simd() {
+        // SAFETY: `is_simd` means AVX2, FMA and F16C were detected.
+        return unsafe { avx2::round_f16(x) };
+    }
+    let _ = k;
+    for v in x.iter_mut() {
+        *v = r16(*v);
+    }
+}
+
+/// `y = f16(x × a + y)` elementwise, one rounding of the fused product (ggml's
+/// `ggml_vec_mad_f16`); `y` holds f16 values.
+pub fn axpy_f16(k: Kernels, a: f32, x: &[f32], y: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if k.is_simd() {
+        // SAFETY: as in `round_f16`.
+        return unsafe { avx2::axpy_f16(a, x, y) };
+    }
+    let _ = k;
+    for (y, x) in y.iter_mut().zip(x) {
+        *y = r16(x.mul_add(a, *y));
+    }
+}
+
+/// `y = f16(y × a)` elementwise (ggml's `ggml_vec_scale_f16`).
+pub fn scale_f16(k: Kernels, a: f32, y: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if k.is_simd() {
+        // SAFETY: as in `round_f16`.
+        return unsafe { avx2::scale_f16(a, y) };
+    }
+    let _ = k;
+    for y in y.iter_mut() {
+        *y = r16(*y * a);
+    }
+}
+
+/// Σ x·y of f16 values (held as f32) in the order of ggml's `ggml_vec_dot_f16` on
+/// AVX-512: four 16-lane FMA accumulators over steps of 64, summed pairwise (0+2, 1+3,
+/// then the two), then GCC's `_mm512_reduce_add_ps` (halves, quarters, pairs); a tail past
+/// the last 64 added one product at a time in f64.
+pub fn dot_f16(k: Kernels, x: &[f32], y: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if k.is_simd() {
+        // SAFETY: as in `round_f16`.
+        return unsafe { avx2::dot_f16(x, y) };
+    }
+    let _ = k;
+    dot_f16_body(x, y)
+}
+
+#[inline(always)]
+fn dot_f16_body(x: &[f32], y: &[f32]) -> f32 {
+    let len = x.len().min(y.len());
+    let n = len / 64 * 64;
+    let mut acc = [[0.0f32; 16]; 4];
+    for i in (0..n).step_by(64) {
+        for (j, a) in acc.iter_mut().enumerate() {
+            for (l, a) in a.iter_mut().enumerate() {
+                let e = i + 16 * j + l;
+                *a = x[e].mul_add(y[e], *a);
+            }
+        }
+    }
+    let mut c = [0.0f32; 16];
+    for (l, c) in c.iter_mut().enumerate() {
+        *c = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+    }
+    let t3: [f32; 8] = std::array::from_fn(|l| c[l + 8] + c[l]);
+    let t6: [f32; 4] = std::array::from_fn(|l| t3[l + 4] + t3[l]);
+    let mut r = f64::from((t6[0] + t6[2]) + (t6[1] + t6[3]));
+    for e in n..len {
+        r += f64::from(x[e] * y[e]);
+    }
+    r as f32
 }
 
 /// GELU (tanh form) as ggml's table gives it: 0 at or below -10, `x` at or above 10, else
@@ -167,6 +250,68 @@ pub fn quantize_row_q8k(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
+    use std::arch::x86_64::*;
+
+    /// f32 lanes rounded to f16 and back.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn round8(v: __m256) -> __m256 {
+        _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v))
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn round_f16(x: &mut [f32]) {
+        let (c, r) = x.as_chunks_mut::<8>();
+        for c in c {
+            // SAFETY: 8 f32s; unaligned load and store.
+            unsafe { _mm256_storeu_ps(c.as_mut_ptr(), round8(_mm256_loadu_ps(c.as_ptr()))) };
+        }
+        for v in r {
+            *v = super::r16(*v);
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn axpy_f16(a: f32, x: &[f32], y: &mut [f32]) {
+        let n = x.len().min(y.len());
+        let (x, y) = (&x[..n], &mut y[..n]);
+        let va = _mm256_set1_ps(a);
+        let (xc, xr) = x.as_chunks::<8>();
+        let (yc, yr) = y.as_chunks_mut::<8>();
+        for (x, y) in xc.iter().zip(yc) {
+            // SAFETY: 8 f32s each; unaligned loads and store.
+            unsafe {
+                let v =
+                    _mm256_fmadd_ps(_mm256_loadu_ps(x.as_ptr()), va, _mm256_loadu_ps(y.as_ptr()));
+                _mm256_storeu_ps(y.as_mut_ptr(), round8(v));
+            }
+        }
+        for (x, y) in xr.iter().zip(yr) {
+            *y = super::r16(x.mul_add(a, *y));
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn scale_f16(a: f32, y: &mut [f32]) {
+        let va = _mm256_set1_ps(a);
+        let (yc, yr) = y.as_chunks_mut::<8>();
+        for y in yc {
+            // SAFETY: 8 f32s; unaligned load and store.
+            unsafe {
+                let v = _mm256_mul_ps(_mm256_loadu_ps(y.as_ptr()), va);
+                _mm256_storeu_ps(y.as_mut_ptr(), round8(v));
+            }
+        }
+        for y in yr {
+            *y = super::r16(*y * a);
+        }
+    }
+
+    /// The portable body compiled with FMA instructions (it vectorises).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn dot_f16(x: &[f32], y: &[f32]) -> f32 {
+        super::dot_f16_body(x, y)
+    }
     /// The scalar lane code compiled with FMA instructions.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) fn swiglu(g: &[f32], u: &[f32], out: &mut [f32]) {
@@ -201,6 +346,32 @@ mod tests {
         assert!((g - 0.841_192).abs() < 1e-3);
         let x = 0.123_456_7;
         assert_eq!(gelu_f16(x), r16(gelu_f32(r16(x))));
+    }
+
+    #[test]
+    fn f16_steps_agree_on_both_kernel_sets() {
+        let (simd, scalar) = (Kernels::detect(), Kernels::scalar());
+        let x: Vec<f32> = (0..83).map(|i| 0.1 + i as f32 * 0.013).collect();
+        let y: Vec<f32> = (0..83).map(|i| 0.7 - i as f32 * 0.021).collect();
+        for k in [simd, scalar] {
+            let mut acc = vec![0.0f32; 83];
+            axpy_f16(k, 0.37, &x, &mut acc);
+            axpy_f16(k, 0.37, &x, &mut acc);
+            scale_f16(k, 0.9, &mut acc);
+            assert!(acc.iter().all(|v| *v == r16(*v)));
+            let mut s = vec![0.0f32; 83];
+            axpy_f16(scalar, 0.37, &x, &mut s);
+            axpy_f16(scalar, 0.37, &x, &mut s);
+            scale_f16(scalar, 0.9, &mut s);
+            assert_eq!(acc, s);
+            assert_eq!(dot_f16(k, &x, &y), dot_f16(scalar, &x, &y));
+            let exact: f64 = x
+                .iter()
+                .zip(&y)
+                .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                .sum();
+            assert!((f64::from(dot_f16(k, &x, &y)) - exact).abs() < 1e-4);
+        }
     }
 
     #[test]

@@ -1110,7 +1110,8 @@ mod avx2 {
         // SAFETY: the caller's contract (CPU features); every pointer below is checked by
         // the slicing that makes it.
         unsafe {
-            // Two accumulators per row (even and odd blocks) halve the add latency chain.
+            // One accumulator per row in ggml's order (block by block, the min term
+            // by FMA); the second lane stays zero.
             let zero = _mm256_setzero_ps();
             let mut acc = [[zero; 2]; NR];
             let mut accm = [[0.0f32; 2]; NR];
@@ -1124,7 +1125,9 @@ mod avx2 {
                 ($b:expr, $dw:expr) => {{
                     let b: usize = $b;
                     let dw: &Dec = $dw;
-                    let lane = b & 1;
+                    // One accumulator per row, as ggml's dots: its float order, so the
+                    // same bits (`model/src/ops/ggml_round.rs`).
+                    let lane = 0;
                     let aw = _mm256_sign_epi8(dw.q, dw.q);
                     for r in 0..NR {
                         let xv = load32(xq[r].add(b * QK).cast::<u8>());
@@ -1133,7 +1136,7 @@ mod avx2 {
                         acc[r][lane] =
                             _mm256_fmadd_ps(p, _mm256_set1_ps(dw.d * *xd[r].add(b)), acc[r][lane]);
                         if D::MIN {
-                            accm[r][lane] += dw.m * *xs[r].add(b);
+                            accm[r][lane] = dw.m.mul_add(*xs[r].add(b), accm[r][lane]);
                         }
                     }
                 }};

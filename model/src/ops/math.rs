@@ -3,7 +3,7 @@
 /// `y = x / sqrt(mean(x²) + eps) × w` (ggml's `rms_norm` then `mul`; the sum of squares in
 /// f64 like ggml's `ggml_float`).
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
-    let sum: f64 = x.iter().map(|v| f64::from(*v) * f64::from(*v)).sum();
+    let sum: f64 = x.iter().map(|v| f64::from(*v * *v)).sum();
     let mean = (sum / x.len().max(1) as f64) as f32;
     let scale = 1.0 / (mean + eps).sqrt();
     for ((y, x), w) in y.iter_mut().zip(x).zip(w) {
@@ -13,7 +13,7 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
 
 /// [`rms_norm`] in place.
 pub fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
-    let sum: f64 = x.iter().map(|v| f64::from(*v) * f64::from(*v)).sum();
+    let sum: f64 = x.iter().map(|v| f64::from(*v * *v)).sum();
     let mean = (sum / x.len().max(1) as f64) as f32;
     let scale = 1.0 / (mean + eps).sqrt();
     for (x, w) in x.iter_mut().zip(w) {
@@ -43,23 +43,24 @@ pub fn rope_table(pos: u32, base: f32, n_rot: usize, cos: &mut [f32], sin: &mut 
     }
 }
 
-/// Rotates the first `2 × cos.len()` elements of one head `x` by the table.
+/// Rotates the first `2 × cos.len()` elements of one head `x` by the table, with the
+/// FMAs GCC contracts ggml's `x0*cos - x1*sin` into (the same bits as llama.cpp).
 pub fn rope(style: RopeStyle, x: &mut [f32], cos: &[f32], sin: &[f32]) {
     let half = cos.len();
     match style {
         RopeStyle::Norm => {
             for (pair, (c, s)) in x.chunks_exact_mut(2).zip(cos.iter().zip(sin)) {
                 let (x0, x1) = (pair[0], pair[1]);
-                pair[0] = x0 * c - x1 * s;
-                pair[1] = x0 * s + x1 * c;
+                pair[0] = x0.mul_add(*c, -(x1 * s));
+                pair[1] = x0.mul_add(*s, x1 * c);
             }
         }
         RopeStyle::Neox => {
             let (a, b) = x[..2 * half].split_at_mut(half);
             for ((x0, x1), (c, s)) in a.iter_mut().zip(b.iter_mut()).zip(cos.iter().zip(sin)) {
                 let (v0, v1) = (*x0, *x1);
-                *x0 = v0 * c - v1 * s;
-                *x1 = v0 * s + v1 * c;
+                *x0 = v0.mul_add(*c, -(v1 * s));
+                *x1 = v0.mul_add(*s, v1 * c);
             }
         }
     }

@@ -74,6 +74,8 @@ pub struct ThreadScratch {
     pub max: Vec<f32>,
     pub sum: Vec<f32>,
     pub acc: Vec<f32>,
+    /// Attention: query heads rounded to f16.
+    pub qh: Vec<f32>,
 }
 
 /// A matmul's input: `rows` rows of `n` f32s, and their Q8 quantization when any weight
