@@ -172,19 +172,7 @@ fn head_group_f16<K: KvPages>(
             ts.sum[h] = ts.sum[h].mul_add(ms, vs);
         }
     }
-    for h in 0..group {
-        let inv = if ts.sum[h] > 0.0 {
-            1.0 / ts.sum[h]
-        } else {
-            0.0
-        };
-        for (o, a) in out[h * hd..(h + 1) * hd]
-            .iter_mut()
-            .zip(&ts.acc[h * hd..(h + 1) * hd])
-        {
-            *o = a * inv;
-        }
-    }
+    normalise(ts, group, hd, out);
     Ok(())
 }
 
@@ -262,6 +250,12 @@ fn head_group<K: KvPages>(
         }
         t0 += n as u32;
     }
+    normalise(ts, group, hd, out);
+    Ok(())
+}
+
+/// `out = acc / sum` per head, the last step of both paths.
+fn normalise(ts: &ThreadScratch, group: usize, hd: usize, out: &mut [f32]) {
     for h in 0..group {
         let inv = if ts.sum[h] > 0.0 {
             1.0 / ts.sum[h]
@@ -275,5 +269,4 @@ fn head_group<K: KvPages>(
             *o = a * inv;
         }
     }
-    Ok(())
 }
