@@ -148,12 +148,12 @@ fn head_group_f16<K: KvPages>(
     for t in first_visible(query.pos, shape.window)..=query.pos {
         let (page, slot) = query.seq.locate_or_err(t, ps)?;
         let r = kv.row(page, slot).ok_or(KvError::NoRow { page, slot })?;
-        let size = KvError::RowSize {
+        let size = || KvError::RowSize {
             got: r.len(),
             expected: k_at.max(v_at) + head_bytes,
         };
-        let kb = r.get(k_at..k_at + head_bytes).ok_or(size.clone())?;
-        let vb = r.get(v_at..v_at + head_bytes).ok_or(size)?;
+        let kb = r.get(k_at..k_at + head_bytes).ok_or_else(size)?;
+        let vb = r.get(v_at..v_at + head_bytes).ok_or_else(size)?;
         let (kf, vf) = ts.head.split_at_mut(hd);
         k.f16_to_f32(kb, kf);
         k.f16_to_f32(vb, &mut vf[..hd]);

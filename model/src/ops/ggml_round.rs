@@ -184,15 +184,8 @@ fn scalef(j: f32, n: i32) -> f32 {
 pub fn glu(k: Kernels, act: Activation, g: &[f32], u: &[f32], out: &mut [f32]) {
     match act {
         Activation::GeluTanh => {
-            let table = gelu_table();
             for ((y, g), u) in out.iter_mut().zip(g).zip(u) {
-                *y = if *g <= -10.0 {
-                    0.0
-                } else if *g >= 10.0 {
-                    g * u
-                } else {
-                    f16_to_f32(table[usize::from(f32_to_f16(*g))]) * u
-                };
+                *y = gelu_f16(*g) * u;
             }
         }
         Activation::Silu => {
@@ -307,11 +300,12 @@ mod avx2 {
         }
     }
 
-    /// The portable body compiled with FMA instructions (it vectorises).
+    /// The portable body compiled with FMA instructions.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) fn dot_f16(x: &[f32], y: &[f32]) -> f32 {
         super::dot_f16_body(x, y)
     }
+
     /// The scalar lane code compiled with FMA instructions.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) fn swiglu(g: &[f32], u: &[f32], out: &mut [f32]) {

@@ -1110,11 +1110,10 @@ mod avx2 {
         // SAFETY: the caller's contract (CPU features); every pointer below is checked by
         // the slicing that makes it.
         unsafe {
-            // One accumulator per row in ggml's order (block by block, the min term
-            // by FMA); the second lane stays zero.
-            let zero = _mm256_setzero_ps();
-            let mut acc = [[zero; 2]; NR];
-            let mut accm = [[0.0f32; 2]; NR];
+            // One accumulator per row, block by block, and the min term by FMA: ggml's
+            // float order, so the same bits as its dots (`model/src/ops/ggml_round.rs`).
+            let mut acc = [_mm256_setzero_ps(); NR];
+            let mut accm = [0.0f32; NR];
             // Row starts; the caller checked `x` holds rows r0..r0 + NR of n.
             let xq: [*const i8; NR] = std::array::from_fn(|r| x.q.as_ptr().add((r0 + r) * n));
             let xd: [*const f32; NR] = std::array::from_fn(|r| x.d.as_ptr().add((r0 + r) * nb));
@@ -1125,18 +1124,14 @@ mod avx2 {
                 ($b:expr, $dw:expr) => {{
                     let b: usize = $b;
                     let dw: &Dec = $dw;
-                    // One accumulator per row, as ggml's dots: its float order, so the
-                    // same bits (`model/src/ops/ggml_round.rs`).
-                    let lane = 0;
                     let aw = _mm256_sign_epi8(dw.q, dw.q);
                     for r in 0..NR {
                         let xv = load32(xq[r].add(b * QK).cast::<u8>());
                         let p16 = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, dw.q));
                         let p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, dw.sc));
-                        acc[r][lane] =
-                            _mm256_fmadd_ps(p, _mm256_set1_ps(dw.d * *xd[r].add(b)), acc[r][lane]);
+                        acc[r] = _mm256_fmadd_ps(p, _mm256_set1_ps(dw.d * *xd[r].add(b)), acc[r]);
                         if D::MIN {
-                            accm[r][lane] = dw.m.mul_add(*xs[r].add(b), accm[r][lane]);
+                            accm[r] = dw.m.mul_add(*xs[r].add(b), accm[r]);
                         }
                     }
                 }};
@@ -1156,7 +1151,7 @@ mod avx2 {
                 }
             }
             for r in 0..NR {
-                out[r0 + r] = hsum(_mm256_add_ps(acc[r][0], acc[r][1])) + (accm[r][0] + accm[r][1]);
+                out[r0 + r] = hsum(acc[r]) + accm[r];
             }
         }
     }
