@@ -444,6 +444,11 @@ impl<'m, 'a> Runner<'m, 'a> {
                 k.f32_to_f16(&s.v[i * kvd..(i + 1) * kvd], &mut s.kv16);
                 dst[v_off..v_off + nbytes].copy_from_slice(&s.kv16);
             }
+            // A chunk no row of which wants logits needs nothing of the last layer but
+            // its K and V.
+            if li + 1 == m.layers.len() && !(0..n).any(|i| row(i).logits) {
+                break;
+            }
             attention::attention(
                 cx.pool,
                 cx.tls,
@@ -485,7 +490,26 @@ impl<'m, 'a> Runner<'m, 'a> {
                 &mut [&mut s.o[..n * e]],
                 &mut s.t,
             )?;
-            for i in 0..n {
+            // As llama.cpp does (`inp_out_ids`): after the last layer's attention only the
+            // rows that want logits go on, so its FFN runs on those rows alone (and each
+            // matmul sees the batch llama.cpp's does).
+            let mut live = n;
+            if li + 1 == m.layers.len() {
+                live = 0;
+                for i in 0..n {
+                    if row(i).logits {
+                        if live != i {
+                            s.o.copy_within(i * e..(i + 1) * e, live * e);
+                            s.x.copy_within(i * e..(i + 1) * e, live * e);
+                        }
+                        live += 1;
+                    }
+                }
+                if live == 0 {
+                    break;
+                }
+            }
+            for i in 0..live {
                 let o = &mut s.o[i * e..(i + 1) * e];
                 if c.post_norms {
                     rms_norm_in_place(o, &layer.post_attn_norm, c.eps);
@@ -495,7 +519,7 @@ impl<'m, 'a> Runner<'m, 'a> {
                 }
             }
             // FFN.
-            for i in 0..n {
+            for i in 0..live {
                 rms_norm(
                     &s.x[i * e..(i + 1) * e],
                     &layer.ffn_norm,
@@ -503,36 +527,36 @@ impl<'m, 'a> Runner<'m, 'a> {
                     &mut s.h[i * e..(i + 1) * e],
                 );
             }
-            quantize_for(k, mode, &[layer.gate, layer.up], &s.h, n, e, &mut s.q8);
+            quantize_for(k, mode, &[layer.gate, layer.up], &s.h, live, e, &mut s.q8);
             matmul::matmul_glu(
                 &mut cx,
                 &Input {
                     x: &s.h,
                     q8: &s.q8,
-                    rows: n,
+                    rows: live,
                     n: e,
                 },
                 &layer.gate,
                 &layer.up,
                 c.activation,
-                &mut s.ff[..n * c.n_ff],
+                &mut s.ff[..live * c.n_ff],
                 &mut s.t,
             )?;
             let down = [layer.down];
-            quantize_for(k, mode, &down, &s.ff, n, c.n_ff, &mut s.q8);
+            quantize_for(k, mode, &down, &s.ff, live, c.n_ff, &mut s.q8);
             matmul::matmul(
                 &mut cx,
                 &Input {
                     x: &s.ff,
                     q8: &s.q8,
-                    rows: n,
+                    rows: live,
                     n: c.n_ff,
                 },
                 &down,
-                &mut [&mut s.o[..n * e]],
+                &mut [&mut s.o[..live * e]],
                 &mut s.t,
             )?;
-            for i in 0..n {
+            for i in 0..live {
                 let o = &mut s.o[i * e..(i + 1) * e];
                 if c.post_norms {
                     rms_norm_in_place(o, &layer.post_ffn_norm, c.eps);
@@ -544,6 +568,7 @@ impl<'m, 'a> Runner<'m, 'a> {
         }
 
         // Logits of the rows that want them.
+        // The last layer left the rows that want logits first in `s.x`.
         let wanted: usize = (0..n).filter(|i| row(*i).logits).count();
         if wanted == 0 {
             return Ok(());
@@ -551,17 +576,13 @@ impl<'m, 'a> Runner<'m, 'a> {
         if s.hl.len() < wanted * e {
             s.hl.resize(wanted * e, 0.0);
         }
-        let mut j = 0;
-        for i in 0..n {
-            if row(i).logits {
-                rms_norm(
-                    &s.x[i * e..(i + 1) * e],
-                    &m.output_norm,
-                    c.eps,
-                    &mut s.hl[j * e..(j + 1) * e],
-                );
-                j += 1;
-            }
+        for j in 0..wanted {
+            rms_norm(
+                &s.x[j * e..(j + 1) * e],
+                &m.output_norm,
+                c.eps,
+                &mut s.hl[j * e..(j + 1) * e],
+            );
         }
         let out = [m.output];
         quantize_for(k, mode, &out, &s.hl, wanted, e, &mut s.q8);

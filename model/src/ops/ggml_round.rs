@@ -130,12 +130,13 @@ fn gelu_table() -> &'static [u16] {
     })
 }
 
-/// ggml's `ggml_gelu_f32`.
+/// ggml's `ggml_gelu_f32` as GCC compiles it: `1 + A·x·x` contracted into one FMA
+/// (`-ffp-contract=fast`, GCC's default), which moves some table entries by an f16 step.
 #[inline]
 fn gelu_f32(x: f32) -> f32 {
     const SQRT_2_OVER_PI: f32 = 0.797_884_6;
     const A: f32 = 0.044_715;
-    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + A * x * x)).tanh())
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (A * x).mul_add(x, 1.0)).tanh())
 }
 
 /// `x / (1 + e^-x)` with ggml's vectorised exp.
@@ -202,6 +203,14 @@ pub fn glu(k: Kernels, act: Activation, g: &[f32], u: &[f32], out: &mut [f32]) {
     }
 }
 
+/// ggml's `nearest_int`: round to nearest, ties to even, by the float adder (|f| < 2²²),
+/// without a call to `rintf` (this function is not compiled with SSE4.1).
+#[inline(always)]
+fn nearest_int(f: f32) -> i32 {
+    let v = f + 12_582_912.0;
+    (v.to_bits() as i32 & 0x007f_ffff) - 0x0040_0000
+}
+
 /// Quantizes one row (a multiple of 256 long) as ggml's `quantize_row_q8_K_ref`, written in
 /// den's per-32 layout: every block of a 256 gets the 256's f32 scale `d` and `s = d × Σq`.
 pub fn quantize_row_q8k(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
@@ -231,7 +240,7 @@ pub fn quantize_row_q8k(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
         for (b, (q, x)) in q.chunks_exact_mut(QK).zip(x.chunks_exact(QK)).enumerate() {
             let mut sum = 0i32;
             for (q, x) in q.iter_mut().zip(x) {
-                let v = ((iscale * x).round_ties_even() as i32).min(127);
+                let v = nearest_int(iscale * x).min(127);
                 *q = v as i8;
                 sum += v;
             }

@@ -7,9 +7,10 @@
 //! `s = d × Σq` for the formats with a min), exactly as ggml's `quantize_row_q8_0`/`q8_1`
 //! do, `d` and `s` rounded to f16 included: den's 8-bit activations are llama.cpp's.
 //! (Keeping them in f32 looked more precise but measured worse: against den's own f32
-//! path, SmolLM2's top-1 probabilities moved by up to 0.32 instead of 0.10.) llama.cpp
-//! quantizes activations for K-quant weights to Q8_K (one scale per 256) instead; den uses
-//! the blocks of 32 for those too. The weight row is decoded block by block in registers
+//! path, SmolLM2's top-1 probabilities moved by up to 0.32 instead of 0.10.) Where every
+//! weight reading an input is a K-quant, the input is quantized as llama.cpp's Q8_K (one
+//! f32 scale per 256, [`Q8Rows::per_256`]) and those dots run in `kdot.rs`, in llama.cpp's
+//! order. The weight row is decoded block by block in registers
 //! ([`Kernels::dot_rows`], AVX2: four activation rows per decoded block) or, in the
 //! portable path, unpacked once ([`Unpacked`]) into one i8 per weight, a per-block scale,
 //! and where the format has them a per-block min (Q4_1, Q4_K) or two 16-element integer
@@ -19,9 +20,9 @@
 //! Σ_blocks d_w × d_x × Σ_i w_i × x_i   (+ Σ_blocks m_w × s_x)
 //! ```
 //!
-//! in integers within a block (AVX2: `maddubs`/`madd`, ggml's sign trick), f32 across
-//! blocks. The scalar and AVX2 paths compute the same integers; their f32 sums differ only
-//! in order.
+//! in integers within a block (AVX2: `maddubs`/`madd`, ggml's sign trick; with AVX-512
+//! VNNI one `vpdpbusd`, the same integers), f32 across blocks. The scalar and AVX2 paths
+//! compute the same integers; their f32 sums differ only in order.
 //!
 //! Measured (this 2-core VM; CPU ms per token at 1 thread, `bench_forward` in
 //! `tests/it/forward_real.rs`): the integer path is several times faster than
@@ -35,7 +36,9 @@
 //! (it touches no buffer, and a row's result cannot depend on the batch); then two
 //! accumulators per row (the fma chain's latency) and one call per run of weight rows
 //! instead of per row ([`Kernels::dot_matrix`]) brought decode to 15.5 (SmolLM2) and
-//! 24.6 (Gemma 3) CPU ms/token.
+//! 24.6 (Gemma 3) CPU ms/token. `vpdpbusd` (where the CPU has it) and the K-quant dots
+//! keeping a whole 256 in integers took Gemma 3's prefill from 394 to about 510 tokens/s
+//! (2 threads; BENCHMARKS.md).
 
 use crate::ggml_type::{GgmlType, QK_K};
 use crate::quant::f16_to_f32;
@@ -54,6 +57,11 @@ pub struct Q8Rows {
     pub d: Vec<f32>,
     /// Per block: scale × Σq.
     pub s: Vec<f32>,
+    /// Quantized as ggml's `block_q8_K` (one scale per 256, see [`Q8Rows::quantize_as`]).
+    pub per_256: bool,
+    /// With `per_256`: Σq of each 16 (`block_q8_K::bsums`), what the K-quant dots
+    /// ([`super::kdot`]) subtract their offsets and mins with.
+    pub bs: Vec<i16>,
 }
 
 impl Q8Rows {
@@ -66,6 +74,8 @@ impl Q8Rows {
             q: vec![0; rows * n],
             d: vec![0.0; rows * nb],
             s: vec![0.0; rows * nb],
+            per_256: false,
+            bs: Vec::new(),
         }
     }
 
@@ -90,6 +100,10 @@ impl Q8Rows {
         let nb = n / QK;
         self.n = n;
         self.rows = rows;
+        self.per_256 = per_256;
+        if per_256 && self.bs.len() < rows * n / 16 {
+            self.bs.resize(rows * n / 16, 0);
+        }
         if self.q.len() < rows * n {
             self.q.resize(rows * n, 0);
         }
@@ -105,6 +119,13 @@ impl Q8Rows {
                     &mut self.d[i * nb..(i + 1) * nb],
                     &mut self.s[i * nb..(i + 1) * nb],
                 );
+                let q = &self.q[i * n..(i + 1) * n];
+                for (b, q) in self.bs[i * n / 16..(i + 1) * n / 16]
+                    .iter_mut()
+                    .zip(q.chunks_exact(16))
+                {
+                    *b = q.iter().map(|v| i16::from(*v)).sum();
+                }
                 continue;
             }
             k.quantize_row(
@@ -182,6 +203,8 @@ pub struct Kernels {
     /// AVX2: decode weight blocks in registers for up to 4 activation rows at a time
     /// ([`Kernels::dot_rows`]) rather than unpacking the row to memory first.
     fused: bool,
+    /// AVX-512 VNNI and VL: the fused dots through `vpdpbusd`.
+    vnni: bool,
 }
 
 impl Kernels {
@@ -196,6 +219,8 @@ impl Kernels {
                 return Kernels {
                     avx2: true,
                     fused: true,
+                    vnni: std::is_x86_feature_detected!("avx512vnni")
+                        && std::is_x86_feature_detected!("avx512vl"),
                 };
             }
         }
@@ -207,6 +232,7 @@ impl Kernels {
         Kernels {
             avx2: false,
             fused: false,
+            vnni: false,
         }
     }
 
@@ -272,13 +298,7 @@ impl Kernels {
         rows: usize,
         out: &mut [f32],
     ) -> bool {
-        #[cfg(target_arch = "x86_64")]
-        if self.fused {
-            // SAFETY: `fused` is only set with `avx2`, after detection.
-            return unsafe { avx2::dot_rows(ty, w, x, rows, out) };
-        }
-        let _ = (ty, w, x, rows, out);
-        false
+        self.dot_matrix(ty, w, w.len(), x, rows, out)
     }
 
     /// [`Kernels::dot_rows`] for `out.len() / rows` consecutive weight rows of
@@ -295,8 +315,15 @@ impl Kernels {
     ) -> bool {
         #[cfg(target_arch = "x86_64")]
         if self.fused {
-            // SAFETY: `fused` is only set with `avx2`, after detection.
-            return unsafe { avx2::dot_matrix(ty, w, row_bytes, x, rows, out) };
+            // SAFETY: `fused` is only set with `avx2`, and `vnni` with AVX-512 VNNI and
+            // VL, after detection.
+            return unsafe {
+                if self.vnni {
+                    avx2::dot_matrix_vnni(ty, w, row_bytes, x, rows, out)
+                } else {
+                    avx2::dot_matrix(ty, w, row_bytes, x, rows, out)
+                }
+            };
         }
         let _ = (ty, w, row_bytes, x, rows, out);
         false
@@ -393,7 +420,7 @@ fn f16_round(x: f32) -> f32 {
 
 /// Q4_K's 6-bit scale and min of sub-block `j` (ggml's `get_scale_min_k4`).
 #[inline(always)]
-fn scale_min_k4(j: usize, s: &[u8]) -> (u8, u8) {
+pub(super) fn scale_min_k4(j: usize, s: &[u8]) -> (u8, u8) {
     if j < 4 {
         (s[j] & 63, s[j + 4] & 63)
     } else {
@@ -913,6 +940,8 @@ mod avx2 {
         const BYTES: usize;
         const SUB: usize;
         const MIN: bool;
+        /// Every entry's `sc` is 1 (the scale is in `d`).
+        const UNIT_SCALE: bool = true;
         /// # Safety
         /// `b` must be valid for reading `BYTES` bytes, and the CPU must have AVX2 and
         /// F16C (only called from the `#[target_feature]` functions below).
@@ -1054,6 +1083,7 @@ mod avx2 {
         const BYTES: usize = 210;
         const SUB: usize = 8;
         const MIN: bool = false;
+        const UNIT_SCALE: bool = false;
         unsafe fn one(_: *const u8) -> Dec {
             Dec::ZERO
         }
@@ -1103,7 +1133,12 @@ mod avx2 {
     /// # Safety
     /// AVX2, FMA, F16C; `w` whole blocks of `D`, `x` rows of at least `w`'s width.
     #[inline(always)]
-    unsafe fn fused<D: Decoder, const NR: usize>(w: &[u8], x: &Q8Rows, r0: usize, out: &mut [f32]) {
+    unsafe fn fused<D: Decoder, const NR: usize, const VNNI: bool>(
+        w: &[u8],
+        x: &Q8Rows,
+        r0: usize,
+        out: &mut [f32],
+    ) {
         let n = x.n;
         let nb = n / QK;
         let blocks = w.len() / D::BYTES;
@@ -1127,8 +1162,13 @@ mod avx2 {
                     let aw = _mm256_sign_epi8(dw.q, dw.q);
                     for r in 0..NR {
                         let xv = load32(xq[r].add(b * QK).cast::<u8>());
-                        let p16 = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, dw.q));
-                        let p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, dw.sc));
+                        let sx = _mm256_sign_epi8(xv, dw.q);
+                        let i = if VNNI && D::UNIT_SCALE {
+                            _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, sx)
+                        } else {
+                            _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), dw.sc)
+                        };
+                        let p = _mm256_cvtepi32_ps(i);
                         acc[r] = _mm256_fmadd_ps(p, _mm256_set1_ps(dw.d * *xd[r].add(b)), acc[r]);
                         if D::MIN {
                             accm[r] = dw.m.mul_add(*xs[r].add(b), accm[r]);
@@ -1159,15 +1199,7 @@ mod avx2 {
     /// # Safety
     /// AVX2, FMA, F16C.
     #[inline(always)]
-    unsafe fn rows_of<D: Decoder>(w: &[u8], x: &Q8Rows, rows: usize, out: &mut [f32]) -> bool {
-        // SAFETY: the caller's contract.
-        unsafe { matrix_of::<D>(w, w.len(), x, rows, out) }
-    }
-
-    /// # Safety
-    /// AVX2, FMA, F16C.
-    #[inline(always)]
-    unsafe fn matrix_of<D: Decoder>(
+    unsafe fn matrix_of<D: Decoder, const VNNI: bool>(
         w: &[u8],
         row_bytes: usize,
         x: &Q8Rows,
@@ -1193,19 +1225,47 @@ mod avx2 {
             {
                 let mut r = 0;
                 while r + 4 <= rows {
-                    fused::<D, 4>(wr, x, r, out);
+                    fused::<D, 4, VNNI>(wr, x, r, out);
                     r += 4;
                 }
                 if r + 2 <= rows {
-                    fused::<D, 2>(wr, x, r, out);
+                    fused::<D, 2, VNNI>(wr, x, r, out);
                     r += 2;
                 }
                 if r < rows {
-                    fused::<D, 1>(wr, x, r, out);
+                    fused::<D, 1, VNNI>(wr, x, r, out);
                 }
             }
         }
         true
+    }
+
+    /// # Safety
+    /// AVX2, FMA, F16C, and with `VNNI` AVX-512 VNNI and VL.
+    #[inline(always)]
+    unsafe fn dot_matrix_body<const VNNI: bool>(
+        ty: GgmlType,
+        w: &[u8],
+        row_bytes: usize,
+        x: &Q8Rows,
+        rows: usize,
+        out: &mut [f32],
+    ) -> bool {
+        // SAFETY: the caller's contract.
+        unsafe {
+            if x.per_256 && matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) {
+                return super::super::kdot::avx2::matrix(ty, w, row_bytes, x, rows, out);
+            }
+            match ty {
+                GgmlType::Q8_0 => matrix_of::<DQ8_0, VNNI>(w, row_bytes, x, rows, out),
+                GgmlType::Q4_0 => matrix_of::<DQ4_0, VNNI>(w, row_bytes, x, rows, out),
+                GgmlType::Q4_1 => matrix_of::<DQ4_1, VNNI>(w, row_bytes, x, rows, out),
+                GgmlType::Q5_0 => matrix_of::<DQ5_0, VNNI>(w, row_bytes, x, rows, out),
+                GgmlType::Q4_K => matrix_of::<DQ4K, VNNI>(w, row_bytes, x, rows, out),
+                GgmlType::Q6_K => matrix_of::<DQ6K, VNNI>(w, row_bytes, x, rows, out),
+                _ => false,
+            }
+        }
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -1217,40 +1277,24 @@ mod avx2 {
         rows: usize,
         out: &mut [f32],
     ) -> bool {
-        // SAFETY: this function's target features are the kernels' contract.
-        unsafe {
-            match ty {
-                GgmlType::Q8_0 => matrix_of::<DQ8_0>(w, row_bytes, x, rows, out),
-                GgmlType::Q4_0 => matrix_of::<DQ4_0>(w, row_bytes, x, rows, out),
-                GgmlType::Q4_1 => matrix_of::<DQ4_1>(w, row_bytes, x, rows, out),
-                GgmlType::Q5_0 => matrix_of::<DQ5_0>(w, row_bytes, x, rows, out),
-                GgmlType::Q4_K => matrix_of::<DQ4K>(w, row_bytes, x, rows, out),
-                GgmlType::Q6_K => matrix_of::<DQ6K>(w, row_bytes, x, rows, out),
-                _ => false,
-            }
-        }
+        // SAFETY: this function's target features are the body's contract.
+        unsafe { dot_matrix_body::<false>(ty, w, row_bytes, x, rows, out) }
     }
 
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) fn dot_rows(
+    /// [`dot_matrix`] with AVX-512 VNNI's `vpdpbusd` for the block dots (the same
+    /// integers as `maddubs` then `madd`, in one instruction, as llama.cpp's `updot` with
+    /// `__AVX512VNNI__`).
+    #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+    pub(super) fn dot_matrix_vnni(
         ty: GgmlType,
         w: &[u8],
+        row_bytes: usize,
         x: &Q8Rows,
         rows: usize,
         out: &mut [f32],
     ) -> bool {
-        // SAFETY: this function's target features are the kernels' contract.
-        unsafe {
-            match ty {
-                GgmlType::Q8_0 => rows_of::<DQ8_0>(w, x, rows, out),
-                GgmlType::Q4_0 => rows_of::<DQ4_0>(w, x, rows, out),
-                GgmlType::Q4_1 => rows_of::<DQ4_1>(w, x, rows, out),
-                GgmlType::Q5_0 => rows_of::<DQ5_0>(w, x, rows, out),
-                GgmlType::Q4_K => rows_of::<DQ4K>(w, x, rows, out),
-                GgmlType::Q6_K => rows_of::<DQ6K>(w, x, rows, out),
-                _ => false,
-            }
-        }
+        // SAFETY: this function's target features are the body's contract.
+        unsafe { dot_matrix_body::<true>(ty, w, row_bytes, x, rows, out) }
     }
 
     #[target_feature(enable = "avx2,fma")]
@@ -1336,25 +1380,26 @@ mod avx2 {
 
 #[cfg(test)]
 #[allow(clippy::needless_range_loop)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::quant::dequantize;
 
-    struct Rng(u64);
+    /// xorshift64, for the kernel tests here and in `kdot.rs`.
+    pub(in crate::ops) struct Rng(pub(in crate::ops) u64);
     impl Rng {
-        fn next(&mut self) -> u64 {
+        pub(in crate::ops) fn next(&mut self) -> u64 {
             self.0 ^= self.0 << 13;
             self.0 ^= self.0 >> 7;
             self.0 ^= self.0 << 17;
             self.0
         }
-        fn f(&mut self) -> f32 {
+        pub(in crate::ops) fn f(&mut self) -> f32 {
             (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
         }
     }
 
     /// Random blocks of `ty` with sane f16 scales.
-    fn random_row(ty: GgmlType, n: usize, rng: &mut Rng) -> Vec<u8> {
+    pub(in crate::ops) fn random_row(ty: GgmlType, n: usize, rng: &mut Rng) -> Vec<u8> {
         let nb = n / ty.block_size();
         let mut out = Vec::new();
         for _ in 0..nb {

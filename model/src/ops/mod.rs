@@ -6,6 +6,7 @@
 pub mod attention;
 pub mod ggml_round;
 pub mod half;
+mod kdot;
 pub mod kernels;
 pub mod math;
 pub mod matmul;

