@@ -410,6 +410,17 @@ fn validate_engine(plan: &EnginePlan) -> Result<(), ObservationError> {
             *attention_us_per_position,
             *context_us_per_token,
         ],
+        StepCosts::Fitted {
+            step_us,
+            row_us,
+            attention_us_per_position,
+            context_us_per_token,
+        } => &[
+            *step_us,
+            *row_us,
+            *attention_us_per_position,
+            *context_us_per_token,
+        ],
         StepCosts::Synthetic {
             prefill_us_per_token,
             decode_us_per_step,

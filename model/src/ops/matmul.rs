@@ -293,9 +293,17 @@ fn scatter(t: &[f32], rows: usize, cols: usize, out: &mut [f32]) {
         out[..cols].copy_from_slice(&t[..cols]);
         return;
     }
-    for (j, col) in t.chunks_exact(rows).enumerate().take(cols) {
-        for (i, v) in col.iter().enumerate() {
-            out[i * cols + j] = *v;
+    // In bands of 16 rows: 16 output rows fill in step, each a cache line at a time,
+    // where a whole column at once would touch `rows` lines per column (measured: 5 % of
+    // a Gemma 3 prefill before, under 1 % after).
+    const BAND: usize = 16;
+    for i0 in (0..rows).step_by(BAND) {
+        let i1 = (i0 + BAND).min(rows);
+        let band = &mut out[i0 * cols..i1 * cols];
+        for (j, col) in t.chunks_exact(rows).enumerate().take(cols) {
+            for (k, v) in col[i0..i1].iter().enumerate() {
+                band[k * cols + j] = *v;
+            }
         }
     }
 }

@@ -174,7 +174,9 @@ pub fn spawn(
             let engine = match (&loaded, &model) {
                 (Some(m), Some(mf)) => match Runner::new(m, runner_options(threads)) {
                     Ok(mut r) => {
-                        if let Some(seeded) = scheduler::StepFit::calibrated(&mut r) {
+                        if let Some(seeded) =
+                            scheduler::StepFit::calibrated(&mut r, ctx.config.batch_tokens)
+                        {
                             fit = seeded;
                         }
                         Some(ModelEngine::new(r, Arc::clone(&mf.text)))

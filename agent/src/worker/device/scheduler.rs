@@ -39,7 +39,10 @@ use den_protocol::wire::StopReason;
 use den_protocol::worker::{Operation, OperationKind, OperationOutcome};
 
 use super::{Device, DeviceEvent, Job, PendingAppend, Stop, failed, token_range};
+mod fit;
 mod synthetic;
+
+pub use fit::{StepFit, StepSample};
 
 use crate::engine::context_hash;
 use crate::model_file::{ModelText, generation_config};
@@ -53,80 +56,6 @@ pub struct ModelEngine<'m, 'a> {
 impl<'m, 'a> ModelEngine<'m, 'a> {
     pub fn new(runner: Runner<'m, 'a>, text: Arc<ModelText>) -> Self {
         ModelEngine { runner, text }
-    }
-}
-
-/// What a step costs, fitted from the steps run: a step of one or two rows is a weight
-/// pass (memory-bound, `weights_pass_us`); a step of at least [`FIT_ROWS`] rows is
-/// compute-bound (`row_us` per row). Exponential averages, so a changing machine load
-/// shows within a few dozen steps. The attention terms are folded into `row_us`.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct StepFit {
-    row_us: Option<f64>,
-    pass_us: Option<f64>,
-}
-
-/// Rows from which a step counts as compute-bound.
-const FIT_ROWS: u32 = 16;
-/// Weight of the newest step in the averages.
-const FIT_ALPHA: f64 = 0.1;
-
-impl StepFit {
-    fn observe(&mut self, rows: u32, ms: f64) {
-        if rows == 0 || !ms.is_finite() || ms <= 0.0 {
-            return;
-        }
-        let ewma =
-            |old: Option<f64>, new: f64| Some(old.map_or(new, |o| o + FIT_ALPHA * (new - o)));
-        let us = ms * 1e3;
-        if rows <= 2 {
-            self.pass_us = ewma(self.pass_us, us);
-        } else if rows >= FIT_ROWS {
-            self.row_us = ewma(self.row_us, us / f64::from(rows));
-        }
-    }
-
-    /// A fit seeded by timing the model on scratch KV before the worker serves: a
-    /// compute-bound step of [`FIT_ROWS`] prompt rows and a one-row weight pass (after
-    /// one untimed pass that warms the weights' pages and the thread pool). Without it
-    /// the worker reports no plan until its first busy step, and the router prices every
-    /// request of a cold burst by defaults: on a cold two-worker SmolLM2 cluster the
-    /// router's predictions were 99 % low (`den-fleet validate --model-file`). `None`
-    /// when the scratch run fails (the fit then starts from the first real steps).
-    pub fn calibrated(runner: &mut Runner<'_, '_>) -> Option<StepFit> {
-        let layout = runner.model().kv_layout();
-        let vocab = u32::try_from(runner.model().vocab()).ok()?.max(1);
-        let page = 16u32;
-        let need = FIT_ROWS + 2;
-        let mut kv = den_model::HostKvPages::new(layout, page, need.div_ceil(page) * 2).ok()?;
-        let prompt: Vec<u32> = (0..FIT_ROWS).map(|i| (i + 1) % vocab).collect();
-        let mut time_pass = |tokens: &[u32]| -> Option<f64> {
-            let mut seq = Sequence::new();
-            kv.reserve(&mut seq, need).ok()?;
-            let t0 = Instant::now();
-            runner.prefill(tokens, &mut kv, &mut seq).ok()?;
-            let ms = t0.elapsed().as_secs_f64() * 1e3;
-            kv.release(&mut seq);
-            Some(ms)
-        };
-        time_pass(&prompt[..1])?; // warm-up, untimed
-        let rows_ms = time_pass(&prompt)?;
-        let pass_ms = time_pass(&prompt[..1])?;
-        let mut fit = StepFit::default();
-        fit.observe(FIT_ROWS, rows_ms);
-        fit.observe(1, pass_ms);
-        Some(fit)
-    }
-
-    /// The costs, once a compute-bound step was seen (a weight pass defaults to one row).
-    fn costs(&self) -> Option<StepCosts> {
-        let row_us = self.row_us?;
-        Some(StepCosts::Batched {
-            row_us,
-            weights_pass_us: self.pass_us.unwrap_or(row_us),
-            attention_us_per_position: 0.0,
-            context_us_per_token: 0.0,
-        })
     }
 }
 
@@ -294,7 +223,20 @@ impl Device<'_, '_> {
         let sampled = self.pass(active, &parts);
         let ms = t0.elapsed().as_secs_f64() * 1e3;
         if sampled.is_ok() {
-            self.fit.observe(rows, ms);
+            let (mut positions, mut context) = (0.0, 0u64);
+            for p in &parts {
+                if active[p.active].decoding.is_some() {
+                    context += u64::from(p.start);
+                } else {
+                    positions += den_protocol::engine_plan::positions(p.start, p.start + p.count);
+                }
+            }
+            self.fit.observe(StepSample {
+                rows,
+                positions,
+                context,
+                ms,
+            });
         }
         match sampled {
             Err(stop) => {
