@@ -230,7 +230,9 @@ impl CostModel {
     /// seed and documentation; the simulator charges steps).
     pub fn solo_prefill_ms(&self, start: u32, end: u32) -> f64 {
         let n = end.saturating_sub(start) as u64;
-        if let Some(e) = &self.synthetic {
+        if let Some(e) = &self.synthetic
+            && e.measured.is_none()
+        {
             return n as f64 * e.prefill_ms_per_token;
         }
         self.step_us(n, positions(start, end), 0, 0) as f64 / 1000.0

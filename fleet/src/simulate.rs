@@ -12,12 +12,18 @@
 //! den-fleet simulate [--trace FILE] [--workers 8|4,8,16] [--policies all|den,dynamo,…]
 //!                    [--json] [--limit N] [--no-object-store] [--explain K]
 //!                    [--den router|v1…v6]
-//!                    [--profile h100|synthetic]
+//!                    [--profile h100|synthetic|FILE.json]
+//!                    [--time-scale X] [--length-scale Y]
 //! ```
 //!
 //! `--profile synthetic` replaces the H100 deployment with den's own synthetic engine
 //! (`den_fleet::synthetic`, den's batching scheduler at declared costs; what
-//! `den-fleet validate` checks against real agents) at the trace's 512-token blocks.
+//! `den-fleet validate` checks against real agents) at the trace's blocks.
+//! `--profile FILE.json` is a deployment `den-fleet validate --save-profile FILE.json`
+//! wrote: with `--model-file`, the step costs, pool and restore rate den's real-model
+//! workers measured. `--time-scale` and `--length-scale` scale the trace as `validate`
+//! does (a CPU worker's profile needs shorter prompts); a saved profile's chunk size must
+//! be the scaled block size.
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -29,9 +35,9 @@ use serde::Serialize;
 
 use crate::trace::MOONCAKE_BLOCK_TOKENS;
 use crate::{
-    Contrast, DenOptions, FleetConfig, FleetReport, PolicyKind, PolicyRun, SyntheticProfile,
-    TimeSplit, Trace, Workload, contrasts, contrasts_text, parse_policies, report, run_policy,
-    time_split, time_split_text,
+    Contrast, DenOptions, FleetConfig, FleetReport, PolicyKind, PolicyRun, Scale, ScaledTrace,
+    SyntheticProfile, TimeSplit, Trace, Workload, contrasts, contrasts_text, parse_policies,
+    report, run_policy, time_split, time_split_text,
 };
 
 /// The vendored Mooncake conversation trace, relative to the repository root.
@@ -41,7 +47,7 @@ pub const DEFAULT_TRACE: &str = "tests/fixtures/mooncake/conversation_trace.json
 const THREADS: usize = 2;
 
 /// Options of `den-fleet simulate`.
-#[derive(Debug, Clone, PartialEq, Eq, Args)]
+#[derive(Debug, Clone, PartialEq, Args)]
 pub struct SimulateArgs {
     /// Mooncake-format trace: one JSON request per line with timestamp (ms),
     /// input_length, output_length and hash_ids. Defaults to the vendored conversation
@@ -72,10 +78,42 @@ pub struct SimulateArgs {
     /// step v1 … v6 (the experiments BENCHMARKS.md lists; never what den-agent runs).
     #[arg(long, value_name = "VERSION", default_value = "router")]
     pub den: String,
-    /// The deployment: `h100` (Llama-3.1-8B on H100s with batched chunked prefill) or
-    /// `synthetic` (den's synthetic engine on den's batching scheduler).
+    /// The deployment: `h100` (Llama-3.1-8B on H100s with batched chunked prefill),
+    /// `synthetic` (den's synthetic engine on den's batching scheduler), or a JSON file
+    /// `den-fleet validate --save-profile` wrote (a real model's measured costs).
     #[arg(long, value_name = "PROFILE", default_value = "h100")]
     pub profile: String,
+    /// Compress arrival gaps by this factor (as `den-fleet validate`).
+    #[arg(long, value_name = "X", default_value_t = 1.0)]
+    pub time_scale: f64,
+    /// Shorten every 512-token block, prompt and output by this factor.
+    #[arg(long, value_name = "Y", default_value_t = 1.0)]
+    pub length_scale: f64,
+}
+
+/// Where the simulated workers' costs come from.
+enum Deployment {
+    H100,
+    Synthetic,
+    Saved(SyntheticProfile),
+}
+
+fn deployment(profile: &str) -> Result<Deployment, String> {
+    match profile.trim() {
+        "h100" => Ok(Deployment::H100),
+        "synthetic" => Ok(Deployment::Synthetic),
+        path if path.ends_with(".json") => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("cannot read --profile {path}: {e}"))?;
+            let p: SyntheticProfile = serde_json::from_str(&text).map_err(|e| {
+                format!("--profile {path} is not a saved deployment ({e}): write one with den-fleet validate --save-profile")
+            })?;
+            Ok(Deployment::Saved(p))
+        }
+        other => Err(format!(
+            "unknown --profile {other:?}: use h100, synthetic or a FILE.json from den-fleet validate --save-profile"
+        )),
+    }
 }
 
 impl Default for SimulateArgs {
@@ -90,6 +128,8 @@ impl Default for SimulateArgs {
             explain: 0,
             den: "router".into(),
             profile: "h100".into(),
+            time_scale: 1.0,
+            length_scale: 1.0,
         }
     }
 }
@@ -115,15 +155,7 @@ pub fn run(args: &SimulateArgs) -> Result<String, String> {
             args.den
         )
     })?;
-    let synthetic = match args.profile.trim() {
-        "h100" => false,
-        "synthetic" => true,
-        other => {
-            return Err(format!(
-                "unknown --profile {other:?}: use h100 or synthetic"
-            ));
-        }
-    };
+    let deployment = deployment(&args.profile)?;
     if args.limit == Some(0) {
         return Err("--limit 0 replays nothing: give at least 1".into());
     }
@@ -133,14 +165,43 @@ pub fn run(args: &SimulateArgs) -> Result<String, String> {
     if let Some(n) = args.limit {
         trace = trace.truncated(n);
     }
-    let workload = Workload::from_trace(&trace);
+    let scale = Scale {
+        time: args.time_scale,
+        length: args.length_scale,
+    };
+    let (workload, block_tokens) = if scale.time == 1.0 && scale.length == 1.0 {
+        (Workload::from_trace(&trace), MOONCAKE_BLOCK_TOKENS)
+    } else {
+        let scaled = ScaledTrace::new(&trace, scale).map_err(|e| e.to_string())?;
+        (scaled.workload(), scaled.block_tokens)
+    };
+    if matches!(deployment, Deployment::H100) && block_tokens != MOONCAKE_BLOCK_TOKENS {
+        return Err(format!(
+            "--length-scale {}: the h100 profile is sized in the trace's 512-token blocks; scale lengths with --profile synthetic or a saved profile",
+            args.length_scale
+        ));
+    }
+    if let Deployment::Saved(p) = &deployment
+        && p.chunk_tokens != block_tokens
+    {
+        return Err(format!(
+            "--profile {}: its workers' chunks are {} tokens but the trace's blocks are {block_tokens}: give --length-scale {}",
+            args.profile.trim(),
+            p.chunk_tokens,
+            MOONCAKE_BLOCK_TOKENS as f64 / p.chunk_tokens.max(1) as f64
+        ));
+    }
     let configs: Vec<FleetConfig> = workers
         .iter()
         .map(|&n| {
             let mut config = FleetConfig::new(n);
             config.den = den.clone();
-            if synthetic {
-                config.cost = SyntheticProfile::validation(MOONCAKE_BLOCK_TOKENS).cost_model();
+            match &deployment {
+                Deployment::H100 => {}
+                Deployment::Synthetic => {
+                    config.cost = SyntheticProfile::validation(block_tokens).cost_model();
+                }
+                Deployment::Saved(p) => config.cost = p.cost_model(),
             }
             if args.no_object_store {
                 config.cost.object_store = None;

@@ -13,6 +13,13 @@
 //! and checkpoint captures run between steps on the device thread; after completion the
 //! route's new chunks are checkpointed into the RAM tier.
 //!
+//! A real model runs on the same scheduler; only its step costs differ: its worker fits
+//! them to its own steps and publishes them (`StepCosts::Fitted`). With
+//! [`SyntheticProfile::measured`] set (`den-fleet validate --model-file` sets it from the
+//! real workers' heartbeats, with their pool and restore rate) the simulated worker's
+//! steps cost that fit instead of the declared costs, so the simulator models those
+//! workers.
+//!
 //! The fleet simulator runs its batched worker with these rules when
 //! [`CostModel::synthetic`] is set. It does not model the restores and captures between
 //! steps as device time (they overlap compute there, on the PCIe link); with the small
@@ -70,11 +77,41 @@ pub struct SyntheticEngine {
     pub restore_chunk_ms: f64,
     /// Bytes per second of a checkpoint capture (rows copied out of the pages).
     pub capture_bytes_per_s: f64,
+    /// A real model's steps as its worker measured and published them (on the same
+    /// scheduler): the steps cost this instead of the declared costs above, which are
+    /// then derived from it ([`SyntheticEngine::measured`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measured: Option<StepCosts>,
 }
 
 impl SyntheticEngine {
+    /// A worker on den's scheduler whose steps cost what a real worker measured. The
+    /// per-token fields become that model's reading of them (a prompt row, a one-row
+    /// step), for the study's older estimates that read them.
+    pub fn measured(costs: StepCosts, restore_chunk_ms: f64, capture_bytes_per_s: f64) -> Self {
+        let one_row_ms = costs.step_us(0, 0.0, 1, 0) as f64 / 1e3;
+        let prefill_ms_per_token = match costs {
+            StepCosts::Fitted { row_us, .. } | StepCosts::Batched { row_us, .. } => row_us / 1e3,
+            StepCosts::Synthetic {
+                prefill_us_per_token,
+                ..
+            } => prefill_us_per_token / 1e3,
+        };
+        SyntheticEngine {
+            prefill_ms_per_token,
+            first_token_ms: costs.first_token_step_ms(),
+            decode_ms_per_token: one_row_ms,
+            restore_chunk_ms,
+            capture_bytes_per_s,
+            measured: Some(costs),
+        }
+    }
+
     /// The steps this engine runs, as its worker publishes them.
     pub fn step_costs(&self) -> StepCosts {
+        if let Some(costs) = self.measured {
+            return costs;
+        }
         StepCosts::Synthetic {
             prefill_us_per_token: self.prefill_ms_per_token * 1e3,
             decode_us_per_step: self.decode_ms_per_token * 1e3,
@@ -122,6 +159,10 @@ pub struct SyntheticProfile {
     pub capture_bytes_per_s: f64,
     /// Bytes per second of an SSD tier read (only used when `ssd_bytes > 0`).
     pub ssd_read_bytes_per_s: f64,
+    /// A real model's step costs as its workers measured them (`den-fleet validate
+    /// --model-file`): the steps cost this instead of the three declared costs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measured: Option<StepCosts>,
 }
 
 impl Default for SyntheticProfile {
@@ -144,6 +185,7 @@ impl Default for SyntheticProfile {
             restore_chunk_ms: 0.02,
             capture_bytes_per_s: 2e9,
             ssd_read_bytes_per_s: 1e9,
+            measured: None,
         }
     }
 }
@@ -175,12 +217,20 @@ impl SyntheticProfile {
 
     /// The engine's declared costs.
     pub fn engine(&self) -> SyntheticEngine {
+        if let Some(costs) = self.measured {
+            return SyntheticEngine::measured(
+                costs,
+                self.restore_chunk_ms,
+                self.capture_bytes_per_s,
+            );
+        }
         SyntheticEngine {
             prefill_ms_per_token: self.prefill_ms_per_token,
             first_token_ms: self.first_token_ms,
             decode_ms_per_token: self.decode_ms_per_token,
             restore_chunk_ms: self.restore_chunk_ms,
             capture_bytes_per_s: self.capture_bytes_per_s,
+            measured: None,
         }
     }
 
@@ -196,7 +246,11 @@ impl SyntheticProfile {
         let blocks = |bytes: u64| u32::try_from(bytes / block_bytes).unwrap_or(u32::MAX);
         let pool = self.pool_tokens();
         CostModel {
-            model: "den synthetic engine".into(),
+            model: if self.measured.is_some() {
+                "a real model on den's scheduler, at its workers' measured step costs".into()
+            } else {
+                "den synthetic engine".into()
+            },
             gpu: format!(
                 "{} pages × {} tokens, batches of {} rows",
                 self.pages, self.page_size, self.batch_tokens

@@ -1,13 +1,16 @@
 //! Sending a scaled slice through a real router by timestamp, measuring each request at
 //! the client.
 
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::ScaledTrace;
+use crate::{ScaledTrace, SyntheticEngine, SyntheticProfile};
+use den_protocol::candidate::Tier;
+use den_protocol::engine_plan::StepCosts;
 use den_protocol::observation::Observation;
 
 /// How long the client waits for the last answer after the last arrival.
@@ -15,6 +18,9 @@ const DRAIN: Duration = Duration::from_secs(600);
 
 /// Before the first arrival, so every request is built and every task waiting.
 const LEAD: Duration = Duration::from_millis(300);
+
+/// How often the workers' measured costs are sampled through a real-model run.
+const SAMPLE_EVERY: Duration = Duration::from_secs(1);
 
 /// What the client saw of one request.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -152,14 +158,38 @@ pub struct WorkerCalibration {
 }
 
 /// The workers' last heartbeats as the router holds them (empty when unreachable).
-pub async fn calibration(router: &str) -> Vec<WorkerCalibration> {
+pub async fn observations(router: &str) -> Vec<Observation> {
     let url = format!("{}/v1/workers", router.trim_end_matches('/'));
     let Ok(resp) = reqwest::get(&url).await else {
         return Vec::new();
     };
-    let observations: Vec<Observation> = resp.json().await.unwrap_or_default();
+    resp.json().await.unwrap_or_default()
+}
+
+/// Every second until aborted, the workers' heartbeats that carry measured step costs,
+/// appended to `into` (the fits of a whole run, `measured_profile`'s input).
+pub async fn sample_observations(router: String, into: Arc<Mutex<Vec<Observation>>>) {
+    loop {
+        tokio::time::sleep(SAMPLE_EVERY).await;
+        let now: Vec<Observation> = observations(&router)
+            .await
+            .into_iter()
+            .filter(|o| {
+                o.engine
+                    .as_ref()
+                    .is_some_and(|e| matches!(e.costs, StepCosts::Fitted { .. }))
+            })
+            .collect();
+        if let Ok(mut v) = into.lock() {
+            v.extend(now);
+        }
+    }
+}
+
+/// What each worker reports of its own costs.
+pub fn calibration(observations: &[Observation]) -> Vec<WorkerCalibration> {
     observations
-        .into_iter()
+        .iter()
         .map(|o| WorkerCalibration {
             worker: o.worker_id.to_string(),
             prefill_ms_per_token: o.prefill_ms_per_token,
@@ -171,6 +201,103 @@ pub async fn calibration(router: &str) -> Vec<WorkerCalibration> {
             upload_bytes_per_ms: o.gpu_restore_bytes_per_ms,
         })
         .collect()
+}
+
+/// `base` with what real-model workers measured and reported in their heartbeats: their
+/// step costs (the mean of each term over the workers, which run the same model on the
+/// same host), their pool (pages, page size, bytes per KV row) and their restore rate
+/// (RAM-tier read then upload into pages, one after the other). The simulator's fleet
+/// of identical workers then models these workers instead of the synthetic profile.
+/// Errors when a worker has published no measured steps yet.
+pub fn measured_profile(
+    base: &SyntheticProfile,
+    observations: &[Observation],
+) -> Result<SyntheticProfile, String> {
+    if observations.is_empty() {
+        return Err("no worker observation to read measured costs from".into());
+    }
+    let mut sum = [0.0f64; 4];
+    let mut batch_tokens = u32::MAX;
+    for o in observations {
+        let plan = o.engine.as_ref().ok_or_else(|| {
+            format!(
+                "worker {} published no engine plan: it has measured no steps",
+                o.worker_id
+            )
+        })?;
+        let StepCosts::Fitted {
+            step_us,
+            row_us,
+            attention_us_per_position,
+            context_us_per_token,
+        } = plan.costs
+        else {
+            return Err(format!(
+                "worker {} publishes declared step costs, not measured ones: is it running a model?",
+                o.worker_id
+            ));
+        };
+        for (s, v) in sum.iter_mut().zip([
+            step_us,
+            row_us,
+            attention_us_per_position,
+            context_us_per_token,
+        ]) {
+            *s += v;
+        }
+        batch_tokens = batch_tokens.min(plan.max_batched_tokens.max(1));
+    }
+    let n = observations.len() as f64;
+    let [
+        step_us,
+        row_us,
+        attention_us_per_position,
+        context_us_per_token,
+    ] = sum.map(|s| s / n);
+    let pages = observations
+        .iter()
+        .map(|o| o.pool.total_pages)
+        .min()
+        .unwrap_or(base.pages);
+    let page_size = observations[0].page_size.max(1);
+    let kv_bytes_per_token = (observations[0].pool.page_bytes / page_size as u64).max(1);
+    let rates: Vec<f64> = observations
+        .iter()
+        .filter_map(|o| {
+            let read = *o.tier_throughput_bytes_per_ms.get(&Tier::Ram)?;
+            let upload = o.gpu_restore_bytes_per_ms;
+            (read > 0.0 && upload > 0.0).then(|| 1e3 / (1.0 / read + 1.0 / upload))
+        })
+        .collect();
+    let restore_bytes_per_s = if rates.is_empty() {
+        base.restore_bytes_per_s
+    } else {
+        rates.iter().sum::<f64>() / rates.len() as f64
+    };
+    let costs = StepCosts::Fitted {
+        step_us,
+        row_us,
+        attention_us_per_position,
+        context_us_per_token,
+    };
+    // The declared fields, read from the fit (what the study's older estimates read).
+    let engine = SyntheticEngine::measured(costs, base.restore_chunk_ms, base.capture_bytes_per_s);
+    Ok(SyntheticProfile {
+        prefill_ms_per_token: engine.prefill_ms_per_token,
+        first_token_ms: engine.first_token_ms,
+        decode_ms_per_token: engine.decode_ms_per_token,
+        pages,
+        page_size,
+        kv_bytes_per_token,
+        batch_tokens: if batch_tokens == u32::MAX {
+            base.batch_tokens
+        } else {
+            batch_tokens
+        },
+        restore_bytes_per_s,
+        measured: Some(costs),
+        ..base.clone()
+    })
 }
 
 /// Reads one response sent at `t0`: the measurement, or a one-line error.
@@ -220,4 +347,75 @@ async fn read(resp: reqwest::Response, t0: Instant) -> Result<Measured, String> 
         }
     }
     Err("the stream ended without a terminal line".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use den_protocol::engine_plan::EnginePlan;
+
+    fn fitted(step_us: f64, row_us: f64) -> StepCosts {
+        StepCosts::Fitted {
+            step_us,
+            row_us,
+            attention_us_per_position: 8.0,
+            context_us_per_token: 0.5,
+        }
+    }
+
+    fn worker(id: &str, costs: StepCosts, pages: u32) -> Observation {
+        let mut o = Observation::new(id, "n");
+        o.engine = Some(EnginePlan::idle(64, costs));
+        o.pool.total_pages = pages;
+        o.pool.page_bytes = 16 * 23_040;
+        o.tier_throughput_bytes_per_ms.insert(Tier::Ram, 1e6);
+        o.gpu_restore_bytes_per_ms = 4e6;
+        o
+    }
+
+    #[test]
+    fn the_simulated_workers_take_what_the_real_ones_measured() {
+        let base = SyntheticProfile::validation(32);
+        let obs = [
+            worker("a", fitted(60_000.0, 2_000.0), 256),
+            worker("b", fitted(70_000.0, 3_000.0), 200),
+        ];
+        let p = measured_profile(&base, &obs).unwrap();
+        assert_eq!(p.measured, Some(fitted(65_000.0, 2_500.0)));
+        assert_eq!(
+            (p.pages, p.page_size, p.kv_bytes_per_token),
+            (200, 16, 23_040)
+        );
+        assert_eq!(p.batch_tokens, 64);
+        // A RAM read at 1 GB/s, then an upload at 4 GB/s: 0.8 GB/s end to end.
+        assert!((p.restore_bytes_per_s - 0.8e9).abs() < 1.0);
+        assert_eq!(p.chunk_tokens, 32);
+        // The simulator's steps cost the fit: 65 ms + 10 rows of 2.5 ms + 8 µs × 45
+        // positions.
+        let cost = p.cost_model();
+        assert_eq!(cost.step_us(10, 45.0, 0, 0), 65_000 + 25_000 + 360);
+        assert_eq!(cost.prompt_rows(10), 9);
+        assert!((cost.first_token_ms() - 67.5).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_worker_without_measured_steps_is_an_error_naming_it() {
+        let base = SyntheticProfile::validation(32);
+        let declared = StepCosts::Synthetic {
+            prefill_us_per_token: 100.0,
+            decode_us_per_step: 2_000.0,
+            first_token_us: 5_000.0,
+        };
+        let obs = [
+            worker("a", fitted(1.0, 1.0), 10),
+            worker("w-synth", declared, 10),
+        ];
+        let e = measured_profile(&base, &obs).unwrap_err();
+        assert!(e.contains("w-synth") && e.contains("declared"), "{e}");
+        let mut silent = Observation::new("w-quiet", "n");
+        silent.engine = None;
+        let e = measured_profile(&base, &[silent]).unwrap_err();
+        assert!(e.contains("w-quiet"), "{e}");
+        assert!(measured_profile(&base, &[]).is_err());
+    }
 }

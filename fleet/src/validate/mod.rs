@@ -10,7 +10,8 @@
 //!   (request sent → first streamed token). The completion line also carries the router's
 //!   own prediction for the attempt that served it and the router's measured TTFT;
 //! - **simulated**: the fleet simulator on the same scaled slice with the synthetic
-//!   profile ([`SyntheticProfile`], the same flags) and den's policy (by default the
+//!   profile ([`SyntheticProfile`], the same flags; with `--model-file`, the step costs,
+//!   pool and restore rate the real workers measured and reported) and den's policy (by default the
 //!   estimate the real router computes, `--den router`), twice: with each worker's load
 //!   as of its last heartbeat (what den-agent's router sees, [`Heartbeats`]), and with
 //!   current loads (what the fleet study assumes); and a third time on the real
@@ -49,7 +50,7 @@ use crate::{
 };
 
 pub use self::follow::FollowRouter;
-pub use self::measure::{Measured, WorkerCalibration};
+pub use self::measure::{Measured, WorkerCalibration, measured_profile};
 pub use self::report::{Errors, Row, Summary, ValidationReport, worker_index};
 
 /// Options of `den-fleet validate`.
@@ -123,9 +124,15 @@ pub struct ValidateArgs {
     /// Run the workers on this real GGUF model instead of the synthetic engine: the
     /// router prices them by the engine plans and step costs they measure and report,
     /// and the report's router-vs-measured error is that prediction's. The simulator's
-    /// rows still model the synthetic profile (their costs are not the model's).
+    /// workers take the step costs, pool and restore rate the real workers measured and
+    /// reported at the end of the run.
     #[arg(long, value_name = "FILE.gguf")]
     pub model_file: Option<PathBuf>,
+    /// Write the simulated deployment (with `--model-file`: the real workers' measured
+    /// step costs, pool and restore rate) to this JSON file, for `den-fleet simulate
+    /// --profile FILE`.
+    #[arg(long, value_name = "FILE.json")]
+    pub save_profile: Option<PathBuf>,
     /// Forward-pass threads of each real-model worker (default 1: the workers share
     /// this machine's cores).
     #[arg(long, value_name = "N", default_value_t = 1)]
@@ -156,6 +163,7 @@ impl Default for ValidateArgs {
             log_dir: None,
             agent: None,
             model_file: None,
+            save_profile: None,
             model_threads: 1,
         }
     }
@@ -369,10 +377,41 @@ pub async fn run(args: &ValidateArgs, agent: PathBuf) -> Result<String, String> 
     };
     let started = std::time::Instant::now();
     let vocab = plan.model.as_ref().map(|m| m.vocab);
+    // A real model's workers refit their steps as they run (recent steps weigh most):
+    // their heartbeats are sampled through the run, so the simulated workers cost the
+    // mean of those fits, not the last one alone.
+    let samples = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sampler = plan.model.is_some().then(|| {
+        tokio::spawn(measure::sample_observations(
+            cluster.router_url.clone(),
+            samples.clone(),
+        ))
+    });
     let measured = measure::replay(&cluster.router_url, &plan.slice, vocab).await;
     let wall_s = started.elapsed().as_secs_f64();
-    let calibration = measure::calibration(&cluster.router_url).await;
+    let observations = measure::observations(&cluster.router_url).await;
+    if let Some(task) = sampler {
+        task.abort();
+    }
+    let mut samples = samples
+        .lock()
+        .map(|mut v| std::mem::take(&mut *v))
+        .unwrap_or_default();
     cluster.stop().await;
+    let mut plan = plan;
+    if plan.model.is_some() {
+        // The simulated workers are these workers: their measured steps, pool and
+        // restore rate (the profile's declared costs are not the model's).
+        samples.extend(observations.iter().cloned());
+        plan.profile = measure::measured_profile(&plan.profile, &samples)?;
+        plan.fleet.cost = plan.profile.cost_model();
+    }
+    if let Some(path) = &args.save_profile {
+        let json = serde_json::to_string_pretty(&plan.profile)
+            .map_err(|e| format!("cannot encode the profile: {e}"))?;
+        std::fs::write(path, json + "\n")
+            .map_err(|e| format!("cannot write --save-profile {}: {e}", path.display()))?;
+    }
     let sim = {
         let (slice, lagged, fresh) = (
             as_sent(&plan.slice, &measured),
@@ -392,7 +431,7 @@ pub async fn run(args: &ValidateArgs, agent: PathBuf) -> Result<String, String> 
         .map_err(|e| format!("the simulation failed: {e}"))?
     };
     let mut report = ValidationReport::new(args, &plan, &sim, &measured, wall_s);
-    report.calibration = calibration;
+    report.calibration = measure::calibration(&observations);
     if report.summary.failed > 0 {
         // Keep the logs: they say why.
         if args.json {

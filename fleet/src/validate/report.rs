@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use crate::SyntheticProfile;
 use crate::metrics::Latency;
+use den_protocol::engine_plan::StepCosts;
 
 use super::{Measured, Plan, Simulated, ValidateArgs, WorkerCalibration};
 
@@ -250,13 +251,28 @@ impl ValidationReport {
             s.mean_output_tokens,
             s.scaled_span_s,
         );
+        let costs = match p.measured {
+            Some(StepCosts::Fitted {
+                step_us,
+                row_us,
+                attention_us_per_position,
+                context_us_per_token,
+            }) => format!(
+                "steps as measured: {:.1} ms + {:.3} ms/row + {:.2} µs/attention position + {:.3} µs/context token",
+                step_us / 1e3,
+                row_us / 1e3,
+                attention_us_per_position,
+                context_us_per_token
+            ),
+            _ => format!(
+                "prefill {} ms/token, first token {} ms, decode {} ms/token",
+                p.prefill_ms_per_token, p.first_token_ms, p.decode_ms_per_token
+            ),
+        };
         let _ = writeln!(
             out,
-            "{} workers: prefill {} ms/token, first token {} ms, decode {} ms/token, {} pages × {} tokens, {} B/token, RAM {} MiB; router heartbeat {} ms; simulator: den ({})",
+            "{} workers: {costs}, {} pages × {} tokens, {} B/token, RAM {} MiB; router heartbeat {} ms; simulator: den ({})",
             self.workers,
-            p.prefill_ms_per_token,
-            p.first_token_ms,
-            p.decode_ms_per_token,
             p.pages,
             p.page_size,
             p.kv_bytes_per_token,
@@ -267,7 +283,7 @@ impl ValidationReport {
         if let Some(model) = &self.model_file {
             let _ = writeln!(
                 out,
-                "the workers ran the real model {model} (the profile's costs above are the simulator's only; the router priced the workers by their reported engine plans)"
+                "the workers ran the real model {model}; the router priced them by their reported engine plans, the simulator's workers cost the steps the real ones measured (above, at the end of the run)"
             );
         }
         let _ = writeln!(

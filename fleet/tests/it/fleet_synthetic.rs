@@ -8,6 +8,7 @@ use den_fleet::{
     DenOptions, FleetConfig, Heartbeats, PolicyKind, SyntheticProfile, Workload, run_policy,
     run_with,
 };
+use den_protocol::engine_plan::StepCosts;
 
 /// 0.1 ms per prefilled token, a decode step at least 1 ms (2 ms when it yields a first
 /// token), 64 rows per step; 4-token blocks of 1000-byte rows; restores at 1 MB/s (4 ms
@@ -28,6 +29,7 @@ fn profile(pool_blocks: u32) -> SyntheticProfile {
         restore_chunk_ms: 0.5,
         capture_bytes_per_s: 1e6,
         ssd_read_bytes_per_s: 1e6,
+        measured: None,
     }
 }
 
@@ -101,6 +103,29 @@ fn decodes_batch_and_prompts_join_the_steps_of_others() {
     // Wait before the first prompt row ran: B waited for A's first step (0.3 ms).
     assert_eq!(run.wait_us, vec![0, 300, 0]);
     assert_eq!(run.report.overcommits, 0);
+}
+
+#[test]
+fn a_worker_at_measured_step_costs_runs_the_same_schedule_at_those_costs() {
+    // The steps of a real model as its worker fitted them: 1 ms a step, 0.1 ms a row,
+    // 1 µs an attention position. A (t=0): 9 tokens, 2 out. B (t=0.5 ms): 5 tokens, 1 out.
+    let mut p = profile(16);
+    p.measured = Some(StepCosts::Fitted {
+        step_us: 1_000.0,
+        row_us: 100.0,
+        attention_us_per_position: 1.0,
+        context_us_per_token: 0.0,
+    });
+    let mut c = config(16);
+    c.cost = p.cost_model();
+    let w = workload(&[(0, 9, 2, &[1, 2, 3]), (500, 5, 1, &[4, 5])]);
+    let run = run_with(&w, &c, &mut FirstWorker::default());
+    // Step 1, 0–1.828: A's 8 processed rows, 1 + 0.8 ms + 28 positions. Step 2,
+    // 1.828–3.334: A's first-token row and B's 4 prompt rows (6 positions), 1 + 0.5 ms +
+    // 6 µs: A's first token at 3.334. Step 3, 3.334–4.534: A's last token and B's
+    // first-token row, 1 + 0.2 ms: B's first token 4.034 after it arrived. No declared
+    // first-token floor: the fit has none.
+    assert_eq!(run.ttft_us, vec![3_334, 4_034]);
 }
 
 #[test]

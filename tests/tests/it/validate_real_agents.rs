@@ -227,7 +227,8 @@ fn validate_refuses_bad_options_in_one_line_before_starting_anything() {
 /// The same pipeline on real-model workers (`--model-file`, SmolLM2 on two workers of one
 /// thread each): every request of a short slice completes on the real model with the
 /// router's own TTFT prediction — priced from the engine plans and step costs the
-/// workers measure and report — paired with the measurement. The errors themselves are
+/// workers measure and report — paired with the measurement, and the simulator's
+/// workers take those measured costs. The errors themselves are
 /// figures (BENCHMARKS.md), not bounds: they depend on this machine's load.
 #[test]
 fn validate_on_a_real_model_pairs_every_request_with_the_routers_prediction() {
@@ -275,4 +276,16 @@ fn validate_on_a_real_model_pairs_every_request_with_the_routers_prediction() {
     let e = &report["summary"]["router_vs_measured"];
     assert_eq!(e["requests"], 8, "{e}");
     assert!(finite_non_negative(&e["median"], "median") <= finite_non_negative(&e["p90"], "p90"));
+    // The simulated workers are these workers: the step costs they fitted and reported,
+    // and their pool of SmolLM2 rows (30 layers × K|V × 3 KV heads × 64 × 2 bytes).
+    let profile = &report["profile"];
+    assert_eq!(profile["measured"]["kind"], "fitted", "{profile}");
+    assert!(finite_non_negative(&profile["measured"]["step_us"], "fitted step") > 0.0);
+    assert_eq!(
+        profile["kv_bytes_per_token"],
+        30 * 2 * 3 * 64 * 2,
+        "{profile}"
+    );
+    let sim = &report["summary"]["sim_vs_measured"];
+    assert_eq!(sim["requests"], 8, "{sim}");
 }
