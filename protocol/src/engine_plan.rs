@@ -339,6 +339,8 @@ pub struct Replay {
     pub finish_ms: Vec<f64>,
     /// The added request's, when one was added.
     pub joiner_finish_ms: Option<f64>,
+    /// Requests looked at over the replayed steps (the work it cost).
+    visits: usize,
 }
 
 impl Replay {
@@ -349,17 +351,22 @@ impl Replay {
 }
 
 /// Upper bound on replayed steps (a full 131 k-token context is 16 steps; a queue of
-/// many such requests stays far below this). Past it the replay stops and unfinished
-/// requests finish "at the end", which only happens for absurd inputs.
+/// many such requests stays far below this).
 const MAX_STEPS: usize = 100_000;
 
-/// Upper bound on request visits over a whole replay (steps × pending requests looked
-/// at): a plan comes from the network, and the router replays it for every candidate,
+/// Upper bound on request visits over a whole replay (requests looked at, step by
+/// step): a plan comes from the network, and the router replays it for every candidate,
 /// so a hostile one (a thousand pending prompts of billions of tokens in one-row steps)
-/// must not cost more than an honest busy worker's (a few hundred visits).
+/// must not cost more than an honest busy worker's.
 const MAX_VISITS: usize = 200_000;
 
 /// Replays `plan` with `joiner` (if any) appended last in FCFS order.
+///
+/// Past either bound the rest is extrapolated, not dropped: each unfinished request, in
+/// FCFS order, takes its remaining tokens in full-budget steps after the ones before
+/// it. Stopping there instead ("everything left finishes now") made a worker with more
+/// queued work reach the bound sooner and so look *less* loaded — under overload the
+/// router then herded onto the longest queues.
 pub fn replay(plan: &EnginePlan, joiner: Option<PendingPrefill>) -> Replay {
     let mut reqs: Vec<PendingPrefill> = plan.pending.clone();
     if let Some(j) = joiner {
@@ -373,18 +380,26 @@ pub fn replay(plan: &EnginePlan, joiner: Option<PendingPrefill>) -> Replay {
     let context = plan.decode_context_tokens;
     let mut t = plan.step_remaining_ms.max(0.0);
     let mut left: usize = reqs.iter().filter(|r| r.left() > 0).count();
+    // Every request before `head` is finished: a step scans from there, so finished
+    // requests cost nothing and a step costs the requests it looks at.
+    let mut head = 0usize;
     let mut chunks: Vec<(usize, u32)> = Vec::new();
     let mut visits = 0usize;
-    for _ in 0..MAX_STEPS {
-        if left == 0 || visits > MAX_VISITS {
-            break;
+    let mut steps = 0usize;
+    while left > 0 && steps < MAX_STEPS && visits < MAX_VISITS {
+        steps += 1;
+        while reqs.get(head).is_some_and(|r| r.left() == 0) {
+            head += 1;
         }
-        visits += reqs.len();
         let mut budget = plan.step_budget();
         chunks.clear();
         let mut next_ready = f64::INFINITY;
         let (mut tokens, mut attention) = (0u64, 0.0);
-        for (i, r) in reqs.iter().enumerate() {
+        for (i, r) in reqs.iter().enumerate().skip(head) {
+            if budget == 0 {
+                break;
+            }
+            visits += 1;
             let rest = r.left();
             if rest == 0 {
                 continue;
@@ -392,9 +407,6 @@ pub fn replay(plan: &EnginePlan, joiner: Option<PendingPrefill>) -> Replay {
             if r.ready_in_ms > t {
                 next_ready = next_ready.min(r.ready_in_ms);
                 continue;
-            }
-            if budget == 0 {
-                break;
             }
             let take = budget.min(rest);
             attention += positions(r.done_tokens, r.done_tokens + take);
@@ -431,15 +443,35 @@ pub fn replay(plan: &EnginePlan, joiner: Option<PendingPrefill>) -> Replay {
             }
         }
     }
-    for (f, r) in finish.iter_mut().zip(&reqs) {
-        if r.left() > 0 {
-            *f = t;
-        }
+    if left > 0 {
+        extrapolate(plan, &reqs, &mut finish, t);
     }
     let joiner_finish_ms = joiner.and_then(|_| finish.pop());
     Replay {
         finish_ms: finish,
         joiner_finish_ms,
+        visits,
+    }
+}
+
+/// Finishes the unfinished requests of a replay cut short at `t`, in FCFS order, each
+/// in full-budget steps of its own rows after the ones before it (and not before it is
+/// ready): one pass, finite for any input, and later for every request added ahead.
+fn extrapolate(plan: &EnginePlan, reqs: &[PendingPrefill], finish: &mut [f64], mut t: f64) {
+    let budget = f64::from(plan.step_budget());
+    let (decoding, context) = (plan.decoding as u64, plan.decode_context_tokens);
+    for (f, r) in finish.iter_mut().zip(reqs) {
+        let rest = r.left();
+        if rest == 0 {
+            continue;
+        }
+        let rest_f = f64::from(rest);
+        let steps = rest_f / budget;
+        // One step's share of its causal positions; linear costs make the sum exact.
+        let attention = positions(r.done_tokens, r.input_tokens) / steps;
+        let step = plan.step_ms(budget as u64, attention, decoding, context);
+        t = t.max(r.ready_in_ms) + steps * step;
+        *f = t;
     }
 }
 
@@ -556,11 +588,51 @@ mod tests {
             ..EnginePlan::idle(1, costs())
         };
         let r = replay(&plan, Some(pending(0, 10)));
-        // The replay stops at its visit bound (≈ 195 one-row steps here): everything
-        // unfinished then finishes "at the end", the same finite time.
+        // One-row steps over 4 billion tokens each: the replay stops at its visit bound
+        // and extrapolates, so the work stays bounded and the times finite and in order.
+        assert!(r.visits <= MAX_VISITS + 1025, "{}", r.visits);
         let end = r.joiner_finish_ms.unwrap();
-        assert!(end.is_finite() && end < 1_000.0, "{end}");
-        assert!(r.finish_ms.iter().all(|f| *f == end));
+        assert!(end.is_finite(), "{end}");
+        assert!(r.finish_ms.windows(2).all(|w| w[0] < w[1]));
+        assert!(r.finish_ms.last().is_some_and(|f| *f < end));
+    }
+
+    #[test]
+    fn a_longer_queue_past_the_bound_still_prices_later() {
+        // Past the visit bound the rest is extrapolated, never dropped: a worker with
+        // more queued work must never look less loaded than one with less.
+        let queue = |n: usize| EnginePlan {
+            pending: vec![pending(0, 4_000); n],
+            ..EnginePlan::idle(64, costs())
+        };
+        let mut last = 0.0;
+        for n in [100, 400, 1_000, 3_000] {
+            let r = replay(&queue(n), Some(pending(0, 100)));
+            let end = r.joiner_finish_ms.unwrap();
+            assert!(end > last, "{n} pending: {end} ms after {last} ms");
+            last = end;
+        }
+        // 3 000 × 4 000 tokens in 64-row steps (1 ms each: the pass floor) is far past
+        // the bound, and the extrapolation stays near the exact 187 500 steps + 2 for
+        // the joiner (it prices the joiner's part step as a fraction).
+        let r = replay(&queue(3_000), Some(pending(0, 100)));
+        let exact = 187_502.0;
+        let end = r.joiner_finish_ms.unwrap();
+        assert!((end - exact).abs() / exact < 1e-3, "{end} vs {exact}");
+    }
+
+    #[test]
+    fn finished_requests_cost_no_visits() {
+        // A long queue of finished requests ahead of one pending costs a few visits.
+        let mut pending_list = vec![pending(10, 10); 10_000];
+        pending_list.push(pending(0, 5_000));
+        let plan = EnginePlan {
+            pending: pending_list,
+            ..EnginePlan::idle(1_000, costs())
+        };
+        let r = replay(&plan, None);
+        assert_eq!(r.finish_ms.last().copied(), Some(50.0));
+        assert!(r.visits < 20, "{}", r.visits);
     }
 
     #[test]
