@@ -9,19 +9,22 @@
 //! eager heartbeat). With [`Heartbeats`] set, the simulator keeps one snapshot of each
 //! worker's load, taken at exactly those times, and policies see the snapshot. Cache
 //! residency stays current (the worker advertises a completed route within the same few
-//! milliseconds), and the router adds the work of every request it routed to a worker
-//! since that worker's snapshot to its reported queue (den-agent's router does the same).
-//! den-agent's router also subtracts, until the next heartbeat, the work of requests that
-//! finished after the heartbeat counted them; here the worker's eager heartbeat 5 ms after
-//! a completion is the only correction (a difference of at most those 5 ms).
+//! milliseconds). What the router routed since a worker's snapshot is accounted by
+//! den-agent's router's own ledger, [`Unreflected`]: offered work counts until a
+//! heartbeat after its acceptance (a simulated worker accepts at once), and the work of a
+//! request that completes after a heartbeat counted it is subtracted until the next one.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use serde::{Deserialize, Serialize};
 
+use den_protocol::ids::{AssignmentId, RequestId, WorkerId};
+use den_protocol::router_node::inflight::Unreflected;
+
 use super::cost::Micros;
 use super::load::WorkerLoad;
+use super::policy::FleetView;
 use super::worker::{Shared, Worker};
 
 /// When workers report their load.
@@ -55,6 +58,9 @@ pub(crate) struct Beats {
     eager_at: Vec<Option<Micros>>,
     /// Each worker's change counter at its last check.
     seen: Vec<u64>,
+    /// The router's ledger of work its snapshots do not show (den-agent's, the same type).
+    unreflected: Unreflected,
+    ids: Vec<WorkerId>,
 }
 
 impl Beats {
@@ -72,6 +78,8 @@ impl Beats {
             pending,
             eager_at: vec![None; workers.len()],
             seen: workers.iter().map(|w| w.changes).collect(),
+            unreflected: Unreflected::default(),
+            ids: (0..workers.len()).map(FleetView::worker_id).collect(),
         }
     }
 
@@ -84,14 +92,26 @@ impl Beats {
         self.pending.peek().map(|Reverse((t, _, _))| *t)
     }
 
-    /// The router sent worker `w` a request it expects to add `work_ms` of queue: until
-    /// the worker's next heartbeat (which includes it: no network delay here), its
-    /// reported queue carries that work, as den-agent's router counts what it offered.
-    pub(crate) fn dispatched(&mut self, w: usize, work_ms: f64) {
-        if let Some(s) = self.snapshots.get_mut(w) {
-            s.queue_ms += work_ms.max(0.0);
-            s.unreflected_ms += work_ms.max(0.0);
-        }
+    /// The router sent worker `w` request `r`, which it expects to add `work_ms` of
+    /// queue, and the worker accepted it at once: until the worker's next heartbeat
+    /// (which includes it: no network delay here), its reported queue carries that work.
+    pub(crate) fn dispatched(&mut self, w: usize, r: usize, work_ms: f64) {
+        let Some(id) = self.ids.get(w) else { return };
+        let assignment = AssignmentId::new(request_id(r), 1);
+        self.unreflected.offered(id, assignment.clone(), work_ms);
+        self.unreflected.answered(id, &assignment, true);
+        self.refresh(w);
+    }
+
+    /// Worker `w`'s snapshot as the router prices it: the reported queue (0: every
+    /// simulated worker reports a plan instead) plus the ledger's extra work.
+    fn refresh(&mut self, w: usize) {
+        let (Some(id), Some(s)) = (self.ids.get(w), self.snapshots.get_mut(w)) else {
+            return;
+        };
+        let extra = self.unreflected.extra_ms(id);
+        s.unreflected_ms = extra;
+        s.queue_ms = extra.max(0.0);
     }
 
     /// Sends the next heartbeat: snapshot that worker at its time.
@@ -102,6 +122,10 @@ impl Beats {
         if let (Some(worker), Some(slot)) = (workers.get(w), self.snapshots.get_mut(w)) {
             *slot = worker.load(at, sh);
         }
+        if let Some(id) = self.ids.get(w) {
+            self.unreflected.heartbeat(id);
+        }
+        self.refresh(w);
         if periodic {
             self.pending
                 .push(Reverse((at + self.config.interval_us.max(1), w, true)));
@@ -112,9 +136,18 @@ impl Beats {
         }
     }
 
-    /// Worker `w` just processed an event at `at`: if something a router depends on
-    /// changed (a completion, a stored checkpoint), an eager heartbeat follows.
-    pub(crate) fn after_event(&mut self, w: usize, worker: &Worker, at: Micros) {
+    /// Worker `w` just processed an event at `at`: the requests it completed end in the
+    /// router's ledger, and if something a router depends on changed (a completion, a
+    /// stored checkpoint), an eager heartbeat follows.
+    pub(crate) fn after_event(&mut self, w: usize, worker: &mut Worker, at: Micros) {
+        if !worker.finished.is_empty() {
+            for r in worker.finished.drain(..) {
+                self.unreflected.ended(&request_id(r as usize));
+            }
+            // `ended` moves work between a worker's entries only; every worker with
+            // entries for those requests is this one (one attempt per request here).
+            self.refresh(w);
+        }
         let Some(seen) = self.seen.get_mut(w) else {
             return;
         };
@@ -130,4 +163,9 @@ impl Beats {
             self.pending.push(Reverse((t, w, false)));
         }
     }
+}
+
+/// Request `r` of the workload as the router's ledger names it.
+fn request_id(r: usize) -> RequestId {
+    RequestId::new(format!("r{r}"))
 }

@@ -130,7 +130,7 @@ pub fn run_with(workload: &Workload, config: &FleetConfig, policy: &mut dyn Poli
         }
         let w = route.worker.min(n - 1);
         if let (Some(b), Some(work)) = (beats.as_mut(), route.added_work_ms) {
-            b.dispatched(w, work);
+            b.dispatched(w, i, work);
         }
         let Some(worker) = workers.get_mut(w) else {
             continue;
@@ -214,8 +214,9 @@ fn drain(
         if let Some(next) = worker.on_event(at, sh) {
             schedule(events, versions, w, next);
         }
-        if let Some(b) = beats.as_deref_mut() {
-            b.after_event(w, worker, at);
+        match beats.as_deref_mut() {
+            Some(b) => b.after_event(w, worker, at),
+            None => worker.finished.clear(),
         }
     }
 }

@@ -145,6 +145,9 @@ pub(crate) struct Worker {
     /// Counts changes a router learns of at once (a completion, a stored checkpoint):
     /// each triggers an eager heartbeat when observations are heartbeat-lagged.
     pub changes: u64,
+    /// Requests completed since the replay last took them (a heartbeat-lagged router
+    /// stops counting their work: `Unreflected::ended`).
+    pub finished: Vec<u32>,
     prefill_ms_per_token: Ewma,
     prefill_calibration: Ewma,
     /// Measured / modelled duration per engine step. The simulated steps take exactly
@@ -189,6 +192,7 @@ impl Worker {
             routed: 0,
             busy_us: 0,
             changes: 0,
+            finished: Vec::new(),
             prefill_ms_per_token: Ewma::default(),
             prefill_calibration: Ewma::default(),
             step_calibration: Ewma::default(),
@@ -602,6 +606,7 @@ impl Worker {
         }
         self.output_tokens.observe(req.output_tokens as f64);
         self.changes += 1;
+        self.finished.push(r);
         let Some(st) = sh.reqs.get_mut(r as usize) else {
             return;
         };

@@ -253,3 +253,69 @@ impl Policy for PlanSeen {
         Route::to(0)
     }
 }
+
+#[test]
+fn a_lagged_router_ledgers_offered_and_finished_work_as_den_agents_router_does() {
+    // A: 400 prompt tokens (40 ms of prefill) and 2 out on w00, which the router says
+    // adds 10 ms; probes of one token every millisecond on w01 record what the router
+    // holds for w00 beyond its last heartbeat (heartbeats every 10 ms, w00's at 10, 20,
+    // …). Expected, in order: +10 until the heartbeat at 10 ms counts A; 0 while A runs;
+    // −10 from A's completion (that heartbeat's plan still shows A) until w00's next
+    // heartbeat; 0 after. den_protocol's `Unreflected`, the router's own ledger.
+    let a_blocks: Vec<u64> = (1..=100).collect();
+    let probes: Vec<Vec<u64>> = (0..80u64).map(|i| vec![1_000 + i]).collect();
+    let mut requests: Vec<(u64, u32, u32, &[u64])> = vec![(0, 400, 2, &a_blocks)];
+    for (i, p) in probes.iter().enumerate() {
+        requests.push((1_000 * (i as u64 + 1) + 500, 1, 1, p));
+    }
+    let w = workload(&requests);
+    let mut c = config(256);
+    c.workers = 2;
+    c.heartbeats = Some(Heartbeats::den(10));
+    let mut ledger = Ledger::default();
+    let run = run_with(&w, &c, &mut ledger);
+    let first_ms = run.ttft_us[0] as f64 / 1000.0;
+    assert!(
+        first_ms > 40.0 && first_ms < 75.0,
+        "A's first token at {first_ms} ms"
+    );
+    // Collapse runs of equal values: the phases in order.
+    let mut phases: Vec<f64> = Vec::new();
+    for &(_, extra) in &ledger.seen {
+        if phases.last() != Some(&extra) {
+            phases.push(extra);
+        }
+    }
+    assert_eq!(phases, vec![10.0, 0.0, -10.0, 0.0], "{:?}", ledger.seen);
+    let first_negative = ledger.seen.iter().find(|(_, e)| *e < 0.0).map(|(t, _)| *t);
+    // It completes a decode step after its first token.
+    assert!(
+        first_negative.is_some_and(|t| t > first_ms),
+        "{:?}",
+        ledger.seen
+    );
+}
+
+/// Sends the first request to w00 with 10 ms of offered work and every other to w01,
+/// recording (arrival ms, w00's unreflected work) at each.
+#[derive(Default)]
+struct Ledger {
+    seen: Vec<(f64, f64)>,
+}
+
+impl Policy for Ledger {
+    fn name(&self) -> &'static str {
+        "ledger"
+    }
+
+    fn route(&mut self, request: &RouteRequest, fleet: &FleetView) -> Route {
+        if request.index == 0 {
+            let mut r = Route::to(0);
+            r.added_work_ms = Some(10.0);
+            return r;
+        }
+        self.seen
+            .push((fleet.now as f64 / 1000.0, fleet.load(0).unreflected_ms));
+        Route::to(1)
+    }
+}
