@@ -14,7 +14,7 @@ use super::baselines::{DynamoPolicy, LlmdPolicy, SglangPolicy};
 use super::cost::{CostModel, Micros};
 use super::den::{DenOptions, DenPolicy, StudyDecision};
 use super::load::WorkerLoad;
-use super::worker::{Reuse, Shared, Source, Worker, source_of};
+use super::worker::{Reuse, Shared, Source, Worker, durable_source_of, source_of};
 use den_protocol::ids::WorkerId;
 
 /// The request being routed, as a router sees it.
@@ -125,6 +125,13 @@ impl<'a> FleetView<'a> {
     pub fn source(&self, w: usize, b: u32) -> Option<Source> {
         let worker = self.workers.get(w)?;
         source_of(&worker.cache, &self.shared.published_at, self.now, b)
+    }
+
+    /// The fastest lower tier block `b` can be restored from on worker `w` (host RAM,
+    /// then SSD, then the object store once published), GPU residency aside.
+    pub fn durable_source(&self, w: usize, b: u32) -> Option<Source> {
+        let worker = self.workers.get(w)?;
+        durable_source_of(&worker.cache, &self.shared.published_at, self.now, b)
     }
 
     pub fn block_tokens(&self, b: u32) -> u32 {

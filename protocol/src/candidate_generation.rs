@@ -12,7 +12,7 @@ use crate::candidate::{Candidate, Tier};
 use crate::chunk::{ChunkDescriptor, plan_chunks};
 use crate::chunk_catalog::{ChunkCatalog, ChunkEntry};
 use crate::engine_plan::{EnginePlan, price, replay};
-use crate::ids::ModelFingerprint;
+use crate::ids::{ModelFingerprint, RouteId};
 use crate::observation::Observation;
 use crate::request::GenerationRequest;
 
@@ -71,42 +71,95 @@ fn worker_candidates(
     catalog: &ChunkCatalog,
 ) -> Vec<Candidate> {
     let base = base_candidate(request, obs);
-    let mut out = vec![base.clone()];
     if !base.model_loaded || !base.online {
-        return out;
+        return vec![base];
     }
     // GPU residency is purely an observation: no catalog entry needed.
-    for d in plan {
-        if let Some(p) = obs.gpu_prefixes.iter().find(|p| {
-            p.model == request.model && p.prefix_hash == d.hash && p.token_count == d.end()
-        }) {
-            out.push(Candidate {
-                tier: Tier::Gpu,
-                cached_token_count: d.end(),
-                cached_bytes: p.bytes,
-                source_continuation_id: Some(p.continuation_id.clone()),
-                ..base.clone()
-            });
-        }
+    let resident = plan.iter().filter_map(|d| {
+        obs.gpu_prefixes
+            .iter()
+            .find(|p| {
+                p.model == request.model && p.prefix_hash == d.hash && p.token_count == d.end()
+            })
+            .map(|p| ResidentPrefix {
+                end_tokens: d.end(),
+                bytes: p.bytes,
+                continuation_id: Some(p.continuation_id.clone()),
+            })
+    });
+    let durable = run.iter().map_while(|(d, entry)| {
+        let (tier, load_ms) = fastest_source(obs, catalog, &request.model, entry)?;
+        Some(DurableChunk {
+            end_tokens: d.end(),
+            bytes: entry.bytes,
+            tier,
+            load_ms,
+        })
+    });
+    let rate = obs.gpu_restore_bytes_per_ms;
+    alternatives(base, resident, durable, |bytes| bytes as f64 / rate)
+}
+
+/// A prefix boundary whose KV is resident in a worker's GPU pool.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResidentPrefix {
+    /// Prompt tokens up to the boundary.
+    pub end_tokens: u32,
+    pub bytes: u64,
+    /// The resident route holding it, when the worker names one.
+    pub continuation_id: Option<RouteId>,
+}
+
+/// One chunk of the root-contiguous prefix a worker can restore from a lower tier.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DurableChunk {
+    /// Prompt tokens up to the end of this chunk.
+    pub end_tokens: u32,
+    pub bytes: u64,
+    /// The tier it loads from (its fastest source).
+    pub tier: Tier,
+    /// What loading this chunk into host RAM adds, ms (0 from RAM).
+    pub load_ms: f64,
+}
+
+/// One worker's alternatives for a request (spec §6.1), the one builder the router and
+/// the fleet simulator share: recompute (`base`), one per resident boundary, and one per
+/// boundary of the durable walk — cumulative bytes and load, labelled by the slowest tier
+/// so far, the GPU upload priced by `restore_ms(bytes)`. A lower-tier alternative
+/// restores its whole prefix from the tiers (the worker reuses a resident prefix only as
+/// a GPU alternative), and every boundary is offered: the lowest predicted TTFT wins, not
+/// the longest prefix.
+pub fn alternatives(
+    base: Candidate,
+    resident: impl IntoIterator<Item = ResidentPrefix>,
+    durable: impl IntoIterator<Item = DurableChunk>,
+    restore_ms: impl Fn(u64) -> f64,
+) -> Vec<Candidate> {
+    let mut out = vec![base.clone()];
+    for p in resident {
+        out.push(Candidate {
+            tier: Tier::Gpu,
+            cached_token_count: p.end_tokens,
+            cached_bytes: p.bytes,
+            source_continuation_id: p.continuation_id,
+            ..base.clone()
+        });
     }
     let mut load_ms = 0.0;
     let mut bytes = 0u64;
     let mut slowest = Tier::Ram;
-    for (d, entry) in run {
-        let Some((tier, ms)) = fastest_source(obs, catalog, &request.model, entry) else {
-            break;
-        };
-        load_ms += ms;
-        bytes += entry.bytes;
-        if tier.lower_rank() > slowest.lower_rank() {
-            slowest = tier;
+    for chunk in durable {
+        load_ms += chunk.load_ms;
+        bytes += chunk.bytes;
+        if chunk.tier.lower_rank() > slowest.lower_rank() {
+            slowest = chunk.tier;
         }
         out.push(Candidate {
             tier: slowest,
-            cached_token_count: d.end(),
+            cached_token_count: chunk.end_tokens,
             cached_bytes: bytes,
             prefix_load_ms: load_ms,
-            gpu_restore_ms: bytes as f64 / obs.gpu_restore_bytes_per_ms,
+            gpu_restore_ms: restore_ms(bytes),
             ..base.clone()
         });
     }

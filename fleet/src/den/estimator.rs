@@ -1,6 +1,9 @@
-//! den's candidate builder and the inputs of its estimate: the queue (pending-work sum
-//! or a replay of the worker's engine plan), the delay a choice imposes on the worker's
-//! pending requests, the capacity wait, and the durable walk over tiers.
+//! den's candidates and the inputs of their estimate. `--den router` (what den-agent
+//! runs) builds them with the router's own builder
+//! (`den_protocol::candidate_generation::alternatives`) over what each simulated worker
+//! holds and prices them with the router's own function; the study steps (v1 … v6) keep
+//! their own walk over a prefix that mixes tiers, with the queue (pending-work sum or a
+//! replay of the engine plan), the imposed delay, the capacity wait and link backlogs.
 
 use super::{DenOptions, DenWorker, QueueModel, Shape};
 use crate::cost::CostModel;
@@ -8,7 +11,7 @@ use crate::load::WorkerLoad;
 use crate::plan::replay;
 use crate::worker::Source;
 use den_protocol::candidate::{Candidate, Tier, TransferCapabilities, pages_for};
-use den_protocol::candidate_generation::price_shape;
+use den_protocol::candidate_generation::{DurableChunk, ResidentPrefix, alternatives, price_shape};
 use den_protocol::engine_plan::price;
 use den_protocol::ids::{Epoch, WorkerId};
 
@@ -75,24 +78,60 @@ pub fn priced_candidates(
     out
 }
 
-/// den-agent's router: the candidates priced by the router's own function against the
-/// engine plan a batching worker reports, or by its reported queue.
+/// den-agent's router: the router's own candidate builder
+/// ([`den_protocol::candidate_generation::alternatives`]) over what this worker holds —
+/// each boundary of its root-contiguous GPU-resident run, and each boundary of the
+/// prefix it can restore from its lower tiers, the whole prefix from there, as den's
+/// worker does — priced by the router's own function against the engine plan the
+/// worker reports.
 fn router_priced(
     shape: &Shape,
     w: &DenWorker,
     cost: &CostModel,
     opts: &DenOptions,
 ) -> Vec<(Candidate, f64)> {
-    let plain = DenOptions {
-        router_pricing: false,
-        replay: false,
-        marginal_delay: false,
-        ..opts.clone()
-    };
-    let mut out: Vec<Candidate> = priced_candidates(shape, w, cost, &plain)
-        .into_iter()
-        .map(|(c, _)| c)
-        .collect();
+    let base = base_candidate(shape, w.id.clone(), &w.load, cost, opts);
+    let mut end = 0u32;
+    let resident = w
+        .sources
+        .iter()
+        .zip(shape.block_tokens)
+        .map_while(|(src, &tokens)| {
+            (*src == Some(Source::Gpu)).then(|| {
+                end += tokens;
+                ResidentPrefix {
+                    end_tokens: end,
+                    bytes: cost.kv_bytes(end as u64),
+                    continuation_id: None,
+                }
+            })
+        })
+        .collect::<Vec<_>>();
+    // The simulated worker's loads: per tier a fixed cost once plus bytes / throughput
+    // (the cost model's), given to the builder chunk by chunk as increments.
+    let mut walk = Walk::default();
+    let mut loaded = 0.0;
+    let durable = w
+        .durable
+        .iter()
+        .zip(shape.block_tokens)
+        .map_while(|(src, &tokens)| {
+            let src = (*src)?;
+            walk.add(src, tokens, cost);
+            let now = walk.load_ms(cost, None);
+            let chunk = DurableChunk {
+                end_tokens: walk.tokens,
+                bytes: cost.kv_bytes(tokens as u64),
+                tier: tier_of(src),
+                load_ms: now - loaded,
+            };
+            loaded = now;
+            Some(chunk)
+        })
+        .collect::<Vec<_>>();
+    let mut out = alternatives(base, resident, durable, |bytes| {
+        cost.pcie_us(bytes) as f64 / 1000.0
+    });
     // Every simulated worker reports its engine plan (batched or den's synthetic
     // engine, on den's scheduler): priced by the replay, then the work offered since the
     // last heartbeat added, in the router's order (`RouterNode::submit`).
@@ -343,12 +382,7 @@ impl Walk {
             let queued = if opts.replay { l.pcie_queued_ms } else { 0.0 };
             restore_ms += (l.pcie_backlog_ms + queued - overlap).max(0.0);
         }
-        let tier = match self.slowest {
-            Some(Source::Gpu) | None => Tier::Gpu,
-            Some(Source::Ram) => Tier::Ram,
-            Some(Source::Ssd) => Tier::Ssd,
-            Some(Source::Object) => Tier::Object,
-        };
+        let tier = self.slowest.map_or(Tier::Gpu, tier_of);
         Candidate {
             tier,
             cached_token_count: self.tokens,
@@ -358,5 +392,14 @@ impl Walk {
             prefill_ms_per_token: prefill_ms_per_token(shape, self.tokens, load, cost, opts),
             ..base.clone()
         }
+    }
+}
+
+fn tier_of(src: Source) -> Tier {
+    match src {
+        Source::Gpu => Tier::Gpu,
+        Source::Ram => Tier::Ram,
+        Source::Ssd => Tier::Ssd,
+        Source::Object => Tier::Object,
     }
 }

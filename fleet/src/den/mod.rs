@@ -38,7 +38,7 @@ use super::cost::CostModel;
 use super::load::WorkerLoad;
 use super::policy::{FleetView, Policy, Route, RouteRequest};
 use super::worker::{Reuse, Source};
-use den_protocol::candidate::{Candidate, Scored, added_work_ms, offer_order, rank_shape};
+use den_protocol::candidate::{Candidate, Scored, Tier, added_work_ms, offer_order, rank_shape};
 use den_protocol::ids::WorkerId;
 
 pub use estimator::{candidates, imposed_ms, prefill_ms_per_token, priced_candidates, queue_ms};
@@ -52,6 +52,25 @@ pub struct DenWorker {
     /// For each prompt block (root first), the fastest tier it can be reused from on this
     /// worker; `None` ends the reusable prefix.
     pub sources: Vec<Option<Source>>,
+    /// For each prompt block, the fastest lower tier (RAM, SSD, object) it can be restored
+    /// from, GPU residency aside: den's worker restores a lower-tier prefix whole.
+    pub durable: Vec<Option<Source>>,
+}
+
+impl DenWorker {
+    /// A worker whose GPU-resident blocks have no lower-tier copy.
+    pub fn new(id: WorkerId, load: WorkerLoad, sources: Vec<Option<Source>>) -> DenWorker {
+        let durable = sources
+            .iter()
+            .map(|s| s.filter(|s| *s != Source::Gpu))
+            .collect();
+        DenWorker {
+            id,
+            load,
+            sources,
+            durable,
+        }
+    }
 }
 
 /// The shape of the request being routed.
@@ -130,6 +149,16 @@ impl Policy for DenPolicy {
                     .take(cap)
                     .map(|&b| fleet.source(w, b))
                     .collect(),
+                durable: if self.options.router_pricing {
+                    request
+                        .blocks
+                        .iter()
+                        .take(cap)
+                        .map(|&b| fleet.durable_source(w, b))
+                        .collect()
+                } else {
+                    Vec::new()
+                },
             })
             .collect();
         let shape = Shape {
@@ -166,7 +195,19 @@ impl Policy for DenPolicy {
         ));
         Route {
             worker,
-            reuse: Reuse::Blocks(blocks),
+            // den's own worker (the synthetic and measured profiles) restores a
+            // lower-tier prefix whole; the H100 deployment's engine reuses whatever
+            // its tiers hold, GPU blocks included, whatever the router priced.
+            reuse: if self.options.router_pricing
+                && fleet.cost.synthetic.is_some()
+                && matches!(
+                    decision.chosen.candidate.tier,
+                    Tier::Ram | Tier::Ssd | Tier::Object
+                ) {
+                Reuse::Restore(blocks)
+            } else {
+                Reuse::Blocks(blocks)
+            },
             predicted_ttft_ms,
             added_work_ms,
             record,

@@ -67,6 +67,10 @@ pub enum Reuse {
     Longest,
     /// Exactly the first `n` blocks (a router that priced the alternatives chose them).
     Blocks(u32),
+    /// Exactly the first `n` blocks, every one restored from a lower tier, even one also
+    /// resident on the GPU: den's worker restores a lower-tier prefix whole (it reuses a
+    /// resident prefix only as a GPU alternative). The block cache still holds one copy.
+    Restore(u32),
 }
 
 /// Per-request simulation state.
@@ -220,8 +224,9 @@ impl Worker {
         let cap = chain.len().saturating_sub(1) as u32;
         let want = match reuse {
             Reuse::Longest => cap,
-            Reuse::Blocks(n) => n.min(cap),
+            Reuse::Blocks(n) | Reuse::Restore(n) => n.min(cap),
         };
+        let durable = matches!(reuse, Reuse::Restore(_));
         let mut st = ReqState {
             worker: self.index,
             ..ReqState::default()
@@ -229,7 +234,12 @@ impl Worker {
         let (mut ssd_bytes, mut object_bytes) = (0u64, 0u64);
         let mut gpu_wait = now;
         for &b in chain.iter().take(want as usize) {
-            let Some(source) = source_of(&self.cache, &sh.published_at, now, b) else {
+            let source = if durable {
+                durable_source_of(&self.cache, &sh.published_at, now, b)
+            } else {
+                source_of(&self.cache, &sh.published_at, now, b)
+            };
+            let Some(source) = source else {
                 break;
             };
             let bytes = sh.block_bytes(b);
@@ -649,6 +659,23 @@ impl Worker {
 }
 
 /// The fastest place block `b` can be reused from on a worker, at `now`.
+pub(crate) fn durable_source_of(
+    cache: &BlockCache,
+    published_at: &[Micros],
+    now: Micros,
+    b: u32,
+) -> Option<Source> {
+    if cache.has(Level::Ram, b) {
+        Some(Source::Ram)
+    } else if cache.has(Level::Ssd, b) {
+        Some(Source::Ssd)
+    } else if published_at.get(b as usize).is_some_and(|t| *t <= now) {
+        Some(Source::Object)
+    } else {
+        None
+    }
+}
+
 pub(crate) fn source_of(
     cache: &BlockCache,
     published_at: &[Micros],

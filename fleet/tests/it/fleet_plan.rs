@@ -102,11 +102,7 @@ fn decoding_sequences_lengthen_every_step() {
 }
 
 fn worker(id: &str, load: WorkerLoad, sources: Vec<Option<Source>>) -> DenWorker {
-    DenWorker {
-        id: WorkerId::from(id),
-        load,
-        sources,
-    }
+    DenWorker::new(WorkerId::from(id), load, sources)
 }
 
 #[test]

@@ -141,11 +141,7 @@ fn llmd_weighs_queue_kv_utilisation_and_prefix_2_2_3() {
 }
 
 fn den_worker(id: &str, load: WorkerLoad, sources: Vec<Option<Source>>) -> DenWorker {
-    DenWorker {
-        id: WorkerId::from(id),
-        load,
-        sources,
-    }
+    DenWorker::new(WorkerId::from(id), load, sources)
 }
 
 #[test]
@@ -219,7 +215,8 @@ fn den_candidates_cover_recompute_gpu_and_each_tier_run() {
         Some(Source::Gpu),
     ];
     let w = den_worker("w", WorkerLoad::idle(cost.gpu_kv_blocks, &cost), sources);
-    let cs = candidates(&shape, &w, &cost, &DenOptions::default());
+    // The study steps' walk (v1 … v6): the reused prefix mixes tiers.
+    let cs = candidates(&shape, &w, &cost, &DenOptions::v6());
     let got: Vec<(Tier, u32)> = cs
         .iter()
         .map(|c| (c.tier, c.cached_token_count / 512))
@@ -252,6 +249,66 @@ fn den_candidates_cover_recompute_gpu_and_each_tier_run() {
         ssd.prefix_load_ms,
         cost.nvme_us(2 * 512 * cost.kv_bytes_per_token) as f64 / 1000.0
     );
+}
+
+#[test]
+fn den_router_candidates_are_the_routers_gpu_run_and_whole_durable_restores() {
+    // den-agent's router (the default): one GPU alternative per boundary of the resident
+    // run, and one per boundary of the prefix the lower tiers hold, restored whole
+    // (den's worker reuses a resident prefix only as such) — here blocks 1–2 are on the
+    // GPU and also in RAM, 3–5 in RAM, 6–7 on SSD; every boundary is offered.
+    let cost = CostModel::default();
+    let tokens = [512u32; 12];
+    let shape = Shape {
+        input_tokens: 12 * 512,
+        output_tokens: 8,
+        block_tokens: &tokens,
+    };
+    use Source::{Gpu, Ram, Ssd};
+    let mut w = den_worker(
+        "w",
+        WorkerLoad::idle(cost.gpu_kv_blocks, &cost),
+        vec![
+            Some(Gpu),
+            Some(Gpu),
+            Some(Ram),
+            Some(Ram),
+            Some(Ram),
+            Some(Ssd),
+            Some(Ssd),
+        ],
+    );
+    w.durable = vec![
+        Some(Ram),
+        Some(Ram),
+        Some(Ram),
+        Some(Ram),
+        Some(Ram),
+        Some(Ssd),
+        Some(Ssd),
+    ];
+    let cs = candidates(&shape, &w, &cost, &DenOptions::router());
+    let got: Vec<(Tier, u32)> = cs
+        .iter()
+        .map(|c| (c.tier, c.cached_token_count / 512))
+        .collect();
+    let mut want = vec![(Tier::None, 0), (Tier::Gpu, 1), (Tier::Gpu, 2)];
+    want.extend((1..=5).map(|k| (Tier::Ram, k)));
+    want.extend([(Tier::Ssd, 6), (Tier::Ssd, 7)]);
+    assert_eq!(got, want);
+    let block = 512 * cost.kv_bytes_per_token;
+    let ram5 = &cs[7];
+    assert_eq!(ram5.prefix_load_ms, 0.0, "RAM needs no load");
+    assert_eq!(ram5.gpu_restore_ms, cost.pcie_us(5 * block) as f64 / 1000.0);
+    let ssd7 = &cs[9];
+    assert_eq!(ssd7.cached_bytes, 7 * block);
+    assert_eq!(ssd7.prefix_load_ms, cost.nvme_us(2 * block) as f64 / 1000.0);
+    assert_eq!(ssd7.gpu_restore_ms, cost.pcie_us(7 * block) as f64 / 1000.0);
+    // Without lower-tier copies of the resident blocks, the durable walk has nothing
+    // from the root: only the GPU alternatives are left.
+    w.durable[0] = None;
+    let cs = candidates(&shape, &w, &cost, &DenOptions::router());
+    assert_eq!(cs.len(), 3);
 }
 
 #[test]

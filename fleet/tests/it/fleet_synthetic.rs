@@ -319,3 +319,40 @@ impl Policy for Ledger {
         Route::to(1)
     }
 }
+
+#[test]
+fn a_lower_tier_reuse_restores_the_whole_prefix_as_dens_worker_does() {
+    // A (t=0, blocks 1,2,3) completes at 4.8 ms, checkpointed into RAM and still resident
+    // in the pool. C (t=10 ms) reuses blocks 1,2. As a GPU reuse it takes them as they are
+    // (2.1 ms, as in the first test). As a RAM reuse — what den's worker does with a
+    // lower-tier alternative — it restores both from RAM although they are resident:
+    // 2 blocks over PCIe (4 ms of bytes + 0.5 ms each = 9 ms, 10–19), one prompt row
+    // (19–19.1), its first token (19.1–21.1): 11.1 ms.
+    use den_fleet::worker::Reuse;
+    let w = workload(&[(0, 9, 3, &[1, 2, 3]), (10_000, 10, 2, &[1, 2, 6])]);
+    let c = config(16);
+    let mut gpu = WithReuse(Reuse::Blocks(2));
+    let run = run_with(&w, &c, &mut gpu);
+    assert_eq!(run.ttft_us[1], 2_100);
+    assert_eq!(run.report.reused_tokens.gpu, 8);
+    let mut restore = WithReuse(Reuse::Restore(2));
+    let run = run_with(&w, &c, &mut restore);
+    assert_eq!(run.report.reused_tokens.gpu, 0);
+    assert_eq!(run.report.reused_tokens.ram, 8);
+    assert_eq!(run.ttft_us[1], 11_100);
+}
+
+/// Routes everything to worker 0 with one reuse plan.
+struct WithReuse(den_fleet::worker::Reuse);
+
+impl Policy for WithReuse {
+    fn name(&self) -> &'static str {
+        "with-reuse"
+    }
+
+    fn route(&mut self, _request: &RouteRequest, _fleet: &FleetView) -> Route {
+        let mut r = Route::to(0);
+        r.reuse = self.0;
+        r
+    }
+}
