@@ -142,6 +142,7 @@ mod admit {
             model_loaded: true,
             exact: true,
             source_continuation_id: source.map(RouteId::from),
+            resident_token_count: 0,
             transfer: TransferCapabilities::default(),
             imposed_ms: 0.0,
         };

@@ -69,6 +69,7 @@ fn candidates(workers: usize) -> Vec<Candidate> {
                 model_loaded: true,
                 exact: true,
                 source_continuation_id: None,
+                resident_token_count: 0,
                 transfer: TransferCapabilities::default(),
                 imposed_ms: 0.0,
             });

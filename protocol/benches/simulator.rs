@@ -41,6 +41,7 @@ fn candidate(worker: usize, tier: Tier, cached: u32, queue_ms: f64) -> Candidate
         model_loaded: true,
         exact: true,
         source_continuation_id: None,
+        resident_token_count: 0,
         transfer: TransferCapabilities::default(),
         imposed_ms: 0.0,
     }

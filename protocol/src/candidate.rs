@@ -100,9 +100,16 @@ pub struct Candidate {
     /// Approximate KV is never executable; `false` is rejected outright.
     #[serde(default = "yes")]
     pub exact: bool,
-    /// GPU tier only: the resident route to fork.
+    /// The resident route to fork: a GPU alternative's whole prefix, or a lower-tier
+    /// alternative's resident head ([`Candidate::resident_token_count`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_continuation_id: Option<RouteId>,
+    /// Lower tiers: how many leading tokens of the prefix are resident on the worker's GPU
+    /// (in `source_continuation_id`) and forked as they are, the rest restored after them
+    /// from `tier`; 0: the whole prefix comes from the tier. A GPU alternative's prefix is
+    /// resident whole ([`Candidate::resident_tokens`]).
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub resident_token_count: u32,
     #[serde(default)]
     pub transfer: TransferCapabilities,
     /// The delay choosing it adds to the requests already pending on its worker, ms
@@ -114,6 +121,21 @@ pub struct Candidate {
 
 fn is_zero(v: &f64) -> bool {
     *v == 0.0
+}
+
+fn is_zero_u32(v: &u32) -> bool {
+    *v == 0
+}
+
+impl Candidate {
+    /// Leading prefix tokens the worker already holds on its GPU and forks as they are.
+    pub fn resident_tokens(&self) -> u32 {
+        match self.tier {
+            Tier::Gpu => self.cached_token_count,
+            Tier::None => 0,
+            _ => self.resident_token_count.min(self.cached_token_count),
+        }
+    }
 }
 
 fn yes() -> bool {
@@ -203,11 +225,7 @@ pub fn estimate_shape(processed: u32, max_new: u32, c: &Candidate) -> Estimate {
     let cached = c.cached_token_count;
     let missing = processed as i64 - cached as i64;
     let target = processed.saturating_add(max_new);
-    let resident = if c.tier == Tier::Gpu {
-        pages_for(cached as u64, c.page_size)
-    } else {
-        0
-    };
+    let resident = pages_for(c.resident_tokens() as u64, c.page_size);
     let required = pages_for(target as u64, c.page_size).saturating_sub(resident);
     let available = c.free_pages as u64 + c.evictable_pages as u64;
     let infeasible = if !c.exact {
@@ -388,6 +406,7 @@ pub(crate) mod tests {
             model_loaded: true,
             exact: true,
             source_continuation_id: None,
+            resident_token_count: 0,
             transfer: TransferCapabilities::default(),
             imposed_ms: 0.0,
         }

@@ -96,8 +96,27 @@ fn worker_candidates(
             load_ms,
         })
     });
+    // After the deepest resident boundary: the catalogued run from there.
+    let tail_after = |head: u32| {
+        let from = plan.iter().position(|d| d.start == head);
+        let run = from
+            .and_then(|i| plan.get(i..))
+            .map(|rest| catalog.matched_run(&request.model, rest))
+            .unwrap_or_default();
+        run.into_iter().map_while(|(d, entry)| {
+            let (tier, load_ms) = fastest_source(obs, catalog, &request.model, entry)?;
+            Some(DurableChunk {
+                end_tokens: d.end(),
+                bytes: entry.bytes,
+                tier,
+                load_ms,
+            })
+        })
+    };
     let rate = obs.gpu_restore_bytes_per_ms;
-    alternatives(base, resident, durable, |bytes| bytes as f64 / rate)
+    alternatives(base, resident, durable, tail_after, |bytes| {
+        bytes as f64 / rate
+    })
 }
 
 /// A prefix boundary whose KV is resident in a worker's GPU pool.
@@ -123,32 +142,61 @@ pub struct DurableChunk {
 }
 
 /// One worker's alternatives for a request (spec §6.1), the one builder the router and
-/// the fleet simulator share: recompute (`base`), one per resident boundary, and one per
-/// boundary of the durable walk — cumulative bytes and load, labelled by the slowest tier
-/// so far, the GPU upload priced by `restore_ms(bytes)`. A lower-tier alternative
-/// restores its whole prefix from the tiers (the worker reuses a resident prefix only as
-/// a GPU alternative), and every boundary is offered: the lowest predicted TTFT wins, not
-/// the longest prefix.
-pub fn alternatives(
+/// the fleet simulator share: recompute (`base`); one per resident boundary; one per
+/// boundary of the `durable` walk from the root, restored whole; and, after the deepest
+/// resident boundary, one per boundary of the lower-tier chunks `tail_after(its end)`
+/// yields — the resident head forked as it is, only the tail restored. Bytes and load
+/// accumulate along a walk, labelled by its slowest tier, the GPU upload priced by
+/// `restore_ms(bytes)`. Every boundary is offered: the lowest predicted TTFT wins, not the
+/// longest prefix.
+pub fn alternatives<T: IntoIterator<Item = DurableChunk>>(
     base: Candidate,
     resident: impl IntoIterator<Item = ResidentPrefix>,
     durable: impl IntoIterator<Item = DurableChunk>,
+    tail_after: impl FnOnce(u32) -> T,
     restore_ms: impl Fn(u64) -> f64,
 ) -> Vec<Candidate> {
     let mut out = vec![base.clone()];
+    let mut head: Option<ResidentPrefix> = None;
     for p in resident {
         out.push(Candidate {
             tier: Tier::Gpu,
             cached_token_count: p.end_tokens,
             cached_bytes: p.bytes,
-            source_continuation_id: p.continuation_id,
+            source_continuation_id: p.continuation_id.clone(),
             ..base.clone()
         });
+        if head.as_ref().is_none_or(|h| p.end_tokens > h.end_tokens) {
+            head = Some(p);
+        }
     }
+    walk(&mut out, &base, None, durable, &restore_ms);
+    if let Some(h) = head {
+        let tail = tail_after(h.end_tokens);
+        walk(&mut out, &base, Some(h), tail, &restore_ms);
+    }
+    out
+}
+
+/// Pushes one alternative per chunk of `chunks`, after the resident `head` if any.
+fn walk(
+    out: &mut Vec<Candidate>,
+    base: &Candidate,
+    head: Option<ResidentPrefix>,
+    chunks: impl IntoIterator<Item = DurableChunk>,
+    restore_ms: &impl Fn(u64) -> f64,
+) {
+    let (resident_tokens, head_bytes, continuation) = match head {
+        Some(h) => (h.end_tokens, h.bytes, h.continuation_id),
+        None => (0, 0, None),
+    };
     let mut load_ms = 0.0;
     let mut bytes = 0u64;
     let mut slowest = Tier::Ram;
-    for chunk in durable {
+    for chunk in chunks {
+        if chunk.end_tokens <= resident_tokens {
+            continue;
+        }
         load_ms += chunk.load_ms;
         bytes += chunk.bytes;
         if chunk.tier.lower_rank() > slowest.lower_rank() {
@@ -157,13 +205,14 @@ pub fn alternatives(
         out.push(Candidate {
             tier: slowest,
             cached_token_count: chunk.end_tokens,
-            cached_bytes: bytes,
+            cached_bytes: head_bytes + bytes,
             prefix_load_ms: load_ms,
             gpu_restore_ms: restore_ms(bytes),
+            source_continuation_id: continuation.clone(),
+            resident_token_count: resident_tokens,
             ..base.clone()
         });
     }
-    out
 }
 
 fn base_candidate(request: &GenerationRequest, obs: &Observation) -> Candidate {
@@ -187,6 +236,7 @@ fn base_candidate(request: &GenerationRequest, obs: &Observation) -> Candidate {
         model_loaded: obs.models.contains(&request.model),
         exact: true,
         source_continuation_id: None,
+        resident_token_count: 0,
         transfer: obs.transfer,
         imposed_ms: 0.0,
     }
@@ -425,6 +475,60 @@ mod tests {
             .collect();
         assert_eq!(tiers, [Tier::Gpu, Tier::Ssd, Tier::Ssd, Tier::None]);
         assert_eq!(counts, [4, 4, 2, 0]);
+    }
+
+    #[test]
+    fn a_resident_head_with_a_lower_tier_tail_is_one_alternative() {
+        // Chunk 1 (tokens 1–2) is resident in route "head"; chunks 2 and 3 are on SSD only.
+        // No walk from the root exists (chunk 1 has no lower-tier copy), so before the
+        // mixed alternative the best was the GPU head alone: 4 missing × 10 + 1 = 41 ms.
+        // Forking the head and restoring the tail: 2 × 200 B at 1000 B/ms (0.4 ms), the
+        // 400 B upload (0.4 ms), no prompt left, the first token (1 ms): 1.8 ms.
+        let (request, mut obs, mut catalog) = fixture();
+        let plan = plan_chunks(request.processed_tokens(), 2);
+        obs.gpu_prefixes.push(GpuPrefix {
+            model: MODEL.into(),
+            prefix_hash: plan[0].hash,
+            continuation_id: "head".into(),
+            token_count: 2,
+            bytes: 200,
+        });
+        for d in &plan[1..] {
+            catalog.add_replica("node-w".into(), MODEL.into(), d.hash, Tier::Ssd);
+        }
+        let r = rank(&request, candidates_for(&request, 2, [&obs], &catalog));
+        let b = &r.feasible[0].candidate;
+        assert_eq!((b.tier, b.cached_token_count), (Tier::Ssd, 6));
+        assert_eq!(b.resident_tokens(), 2);
+        assert_eq!(b.source_continuation_id, Some("head".into()));
+        assert_eq!(b.cached_bytes, 600);
+        assert!(close(b.prefix_load_ms, 0.4), "{}", b.prefix_load_ms);
+        assert!(close(b.gpu_restore_ms, 0.4), "{}", b.gpu_restore_ms);
+        assert!(close(r.feasible[0].estimate.ttft_ms, 1.8));
+        // The head's page is shared: with 3 free pages (of the 4 that 7 tokens take) the
+        // mixed alternative fits and the same prefix restored whole does not.
+        let tight = Candidate {
+            free_pages: 3,
+            evictable_pages: 0,
+            ..b.clone()
+        };
+        let whole = Candidate {
+            resident_token_count: 0,
+            ..tight.clone()
+        };
+        assert!(crate::candidate::estimate(&request, &tight).feasible());
+        assert_eq!(
+            crate::candidate::estimate(&request, &whole).infeasible,
+            Some(Infeasible::InsufficientPages)
+        );
+        // Its tail boundaries are offered too: 4 and 6 tokens.
+        let mixed: Vec<u32> = r
+            .feasible
+            .iter()
+            .filter(|s| s.candidate.resident_tokens() == 2 && s.candidate.tier == Tier::Ssd)
+            .map(|s| s.candidate.cached_token_count)
+            .collect();
+        assert_eq!(mixed, [6, 4]);
     }
 
     #[test]

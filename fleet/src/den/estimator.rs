@@ -80,9 +80,9 @@ pub fn priced_candidates(
 
 /// den-agent's router: the router's own candidate builder
 /// ([`den_protocol::candidate_generation::alternatives`]) over what this worker holds —
-/// each boundary of its root-contiguous GPU-resident run, and each boundary of the
-/// prefix it can restore from its lower tiers, the whole prefix from there, as den's
-/// worker does — priced by the router's own function against the engine plan the
+/// each boundary of its root-contiguous GPU-resident run, each boundary of the prefix its
+/// lower tiers hold from the root, and each boundary of the lower-tier tail after the
+/// resident run — priced by the router's own function against the engine plan the
 /// worker reports.
 fn router_priced(
     shape: &Shape,
@@ -107,29 +107,10 @@ fn router_priced(
             })
         })
         .collect::<Vec<_>>();
-    // The simulated worker's loads: per tier a fixed cost once plus bytes / throughput
-    // (the cost model's), given to the builder chunk by chunk as increments.
-    let mut walk = Walk::default();
-    let mut loaded = 0.0;
-    let durable = w
-        .durable
-        .iter()
-        .zip(shape.block_tokens)
-        .map_while(|(src, &tokens)| {
-            let src = (*src)?;
-            walk.add(src, tokens, cost);
-            let now = walk.load_ms(cost, None);
-            let chunk = DurableChunk {
-                end_tokens: walk.tokens,
-                bytes: cost.kv_bytes(tokens as u64),
-                tier: tier_of(src),
-                load_ms: now - loaded,
-            };
-            loaded = now;
-            Some(chunk)
-        })
-        .collect::<Vec<_>>();
-    let mut out = alternatives(base, resident, durable, |bytes| {
+    let head_blocks = resident.len();
+    let durable = durable_walk(w, shape, cost, 0);
+    let tail = |_head_tokens: u32| durable_walk(w, shape, cost, head_blocks);
+    let mut out = alternatives(base, resident, durable, tail, |bytes| {
         cost.pcie_us(bytes) as f64 / 1000.0
     });
     // Every simulated worker reports its engine plan (batched or den's synthetic
@@ -150,6 +131,33 @@ fn router_priced(
         .map(|c| {
             let delay = c.imposed_ms;
             (c, delay)
+        })
+        .collect()
+}
+
+/// The lower-tier chunks of `w` from block `from` on, as long as each has a source: the
+/// simulated worker's loads (per tier a fixed cost once plus bytes / throughput, the cost
+/// model's) given to the builder chunk by chunk as increments.
+fn durable_walk(w: &DenWorker, shape: &Shape, cost: &CostModel, from: usize) -> Vec<DurableChunk> {
+    let start: u32 = shape.block_tokens.iter().take(from).sum();
+    let mut walk = Walk::default();
+    let mut loaded = 0.0;
+    w.durable
+        .iter()
+        .zip(shape.block_tokens)
+        .skip(from)
+        .map_while(|(src, &tokens)| {
+            let src = (*src)?;
+            walk.add(src, tokens, cost);
+            let now = walk.load_ms(cost, None);
+            let chunk = DurableChunk {
+                end_tokens: start + walk.tokens,
+                bytes: cost.kv_bytes(tokens as u64),
+                tier: tier_of(src),
+                load_ms: now - loaded,
+            };
+            loaded = now;
+            Some(chunk)
         })
         .collect()
 }
@@ -279,6 +287,7 @@ fn base_candidate(
         model_loaded: true,
         exact: true,
         source_continuation_id: None,
+        resident_token_count: 0,
         transfer: TransferCapabilities::default(),
         imposed_ms: 0.0,
     }

@@ -204,7 +204,13 @@ impl Policy for DenPolicy {
                     decision.chosen.candidate.tier,
                     Tier::Ram | Tier::Ssd | Tier::Object
                 ) {
-                Reuse::Restore(blocks)
+                Reuse::Restore {
+                    resident: blocks_for(
+                        &block_tokens,
+                        decision.chosen.candidate.resident_tokens(),
+                    ),
+                    blocks,
+                }
             } else {
                 Reuse::Blocks(blocks)
             },

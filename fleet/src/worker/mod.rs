@@ -67,10 +67,11 @@ pub enum Reuse {
     Longest,
     /// Exactly the first `n` blocks (a router that priced the alternatives chose them).
     Blocks(u32),
-    /// Exactly the first `n` blocks, every one restored from a lower tier, even one also
-    /// resident on the GPU: den's worker restores a lower-tier prefix whole (it reuses a
-    /// resident prefix only as a GPU alternative). The block cache still holds one copy.
-    Restore(u32),
+    /// Exactly the first `blocks` blocks, the first `resident` as they are on the GPU and
+    /// the rest restored from a lower tier even when also resident: what den's worker
+    /// does with a lower-tier alternative (it forks the resident head it names and
+    /// restores the rest). The block cache still holds one copy of each.
+    Restore { resident: u32, blocks: u32 },
 }
 
 /// Per-request simulation state.
@@ -224,20 +225,27 @@ impl Worker {
         let cap = chain.len().saturating_sub(1) as u32;
         let want = match reuse {
             Reuse::Longest => cap,
-            Reuse::Blocks(n) | Reuse::Restore(n) => n.min(cap),
+            Reuse::Blocks(n) | Reuse::Restore { blocks: n, .. } => n.min(cap),
         };
-        let durable = matches!(reuse, Reuse::Restore(_));
+        let head = match reuse {
+            Reuse::Restore { resident, .. } => Some(resident),
+            _ => None,
+        };
         let mut st = ReqState {
             worker: self.index,
             ..ReqState::default()
         };
         let (mut ssd_bytes, mut object_bytes) = (0u64, 0u64);
         let mut gpu_wait = now;
-        for &b in chain.iter().take(want as usize) {
-            let source = if durable {
-                durable_source_of(&self.cache, &sh.published_at, now, b)
-            } else {
-                source_of(&self.cache, &sh.published_at, now, b)
+        for (i, &b) in chain.iter().take(want as usize).enumerate() {
+            let source = match head {
+                Some(h) if i as u32 >= h => {
+                    durable_source_of(&self.cache, &sh.published_at, now, b)
+                }
+                Some(_) => {
+                    source_of(&self.cache, &sh.published_at, now, b).filter(|s| *s == Source::Gpu)
+                }
+                None => source_of(&self.cache, &sh.published_at, now, b),
             };
             let Some(source) = source else {
                 break;

@@ -335,11 +335,24 @@ fn a_lower_tier_reuse_restores_the_whole_prefix_as_dens_worker_does() {
     let run = run_with(&w, &c, &mut gpu);
     assert_eq!(run.ttft_us[1], 2_100);
     assert_eq!(run.report.reused_tokens.gpu, 8);
-    let mut restore = WithReuse(Reuse::Restore(2));
+    let mut restore = WithReuse(Reuse::Restore {
+        resident: 0,
+        blocks: 2,
+    });
     let run = run_with(&w, &c, &mut restore);
     assert_eq!(run.report.reused_tokens.gpu, 0);
     assert_eq!(run.report.reused_tokens.ram, 8);
     assert_eq!(run.ttft_us[1], 11_100);
+    // Forking the resident head (block 1) and restoring only block 2: one block over
+    // PCIe (4.5 ms, 10–14.5), the prompt row, the first token: 6.6 ms.
+    let mut mixed = WithReuse(Reuse::Restore {
+        resident: 1,
+        blocks: 2,
+    });
+    let run = run_with(&w, &c, &mut mixed);
+    assert_eq!(run.report.reused_tokens.gpu, 4);
+    assert_eq!(run.report.reused_tokens.ram, 4);
+    assert_eq!(run.ttft_us[1], 6_600);
 }
 
 /// Routes everything to worker 0 with one reuse plan.

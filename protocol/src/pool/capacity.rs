@@ -1,11 +1,13 @@
 //! The page pool as the worker's [`Capacity`]: the authoritative local interpreter's
 //! offer path (spec §3.6 steps 4–6).
 //!
-//! - Step 4, GPU-tier prefix fork (tier gpu, cached > 0): the source is the candidate's
-//!   `source_continuation_id`, else the route itself. A route that already exists with
-//!   exactly `cached` tokens is used as is; with another length → `resident-prefix-
-//!   mismatch`. Otherwise a source holding ≥ `cached` tokens is forked for its first
-//!   `cached` tokens; else → `resident-prefix-unavailable`.
+//! - Step 4, resident prefix fork (the candidate's resident tokens: a GPU alternative's
+//!   whole prefix, or a lower-tier alternative's resident head, > 0): the source is the
+//!   candidate's `source_continuation_id`, else the route itself. A route that already
+//!   exists with exactly that many tokens is used as is; with another length →
+//!   `resident-prefix-mismatch`. Otherwise a source holding at least as many is forked
+//!   for them; else → `resident-prefix-unavailable`. A lower-tier alternative's restore
+//!   then appends the rest after them.
 //! - Steps 5–6, capacity admission for `(route, processed + max_new)` with the route and every
 //!   `protected` route excluded from eviction: plan, evict, reserve in one step. On
 //!   shortfall the fork is undone and the offer declined `insufficient-pages`.
@@ -29,7 +31,6 @@ use std::collections::BTreeSet;
 use super::PagePool;
 use super::reservation::ReservationId;
 use super::route::Route;
-use crate::candidate::Tier;
 use crate::capacity::{Admission, AdmitRequest, Capacity, DeclineReason};
 use crate::ids::{AssignmentId, ModelFingerprint, RouteId};
 
@@ -77,7 +78,7 @@ impl Capacity for PagePool {
         }
         let route = req.route;
         let model = &req.request.model;
-        let cached = req.candidate.cached_token_count;
+        let cached = req.candidate.resident_tokens();
         let target = req.request.target();
         let existed = self.routes.contains_key(route);
         if existed && self.route_busy(route, req.protected) {
@@ -85,7 +86,7 @@ impl Capacity for PagePool {
         }
         let mut forked_from = None;
         let mut replace = false;
-        if req.candidate.tier == Tier::Gpu && cached > 0 {
+        if cached > 0 {
             let source = req
                 .candidate
                 .source_continuation_id

@@ -6,7 +6,7 @@ use super::{
     Assignment, AssignmentPhase, Finished, LocalWorkerEffect, Operation, OperationKind, Work,
     Worker, WorkerEffect,
 };
-use crate::candidate::{Infeasible, Tier, estimate};
+use crate::candidate::{Infeasible, estimate};
 use crate::capacity::{AdmitRequest, Capacity, DeclineReason};
 use crate::ids::AssignmentId;
 use crate::time::Millis;
@@ -61,19 +61,18 @@ impl<C: Capacity> Worker<C> {
         };
         // First operation (§3.3).
         let c = &offer.candidate;
-        let (phase, kind) = if c.cached_token_count > 0 && c.tier != Tier::Gpu {
+        // What is resident (forked at admission) is reused as is; a lower tier restores
+        // the rest of its prefix first.
+        let resident = c.resident_tokens();
+        let (phase, kind) = if c.cached_token_count > resident {
             (AssignmentPhase::Restoring, OperationKind::Restore)
         } else if estimate.missing > 0 {
             (AssignmentPhase::Prefilling, OperationKind::Prefill)
         } else {
             (AssignmentPhase::Decoding, OperationKind::Decode)
         };
-        // A resident (GPU) prefix is reused as is; a lower-tier one counts once restored.
-        let cached_token_count = if c.tier == Tier::Gpu {
-            c.cached_token_count
-        } else {
-            0
-        };
+        // A restored prefix counts once restored.
+        let cached_token_count = resident;
         let Offer {
             assignment,
             request,

@@ -43,6 +43,7 @@ pub fn cand(worker: &str, tier: Tier, cached: u32) -> Candidate {
         model_loaded: true,
         exact: true,
         source_continuation_id: None,
+        resident_token_count: 0,
         transfer: TransferCapabilities::default(),
         imposed_ms: 0.0,
     }

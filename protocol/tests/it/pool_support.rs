@@ -93,6 +93,7 @@ pub fn candidate(tier: Tier, cached: u32, free_pages: u32, source: Option<&str>)
         model_loaded: true,
         exact: true,
         source_continuation_id: source.map(RouteId::from),
+        resident_token_count: 0,
         transfer: TransferCapabilities::default(),
         imposed_ms: 0.0,
     }

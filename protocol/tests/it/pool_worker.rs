@@ -303,3 +303,90 @@ fn heartbeat_fields_come_from_the_pool_with_live_routes_protected() {
     w.fill_observation(&mut obs);
     assert_eq!(obs.evictable_pages, 0);
 }
+
+/// A lower-tier offer of `cached` tokens whose first `resident` are in `source`.
+fn mixed_offer(request: GenerationRequest, cached: u32, resident: u32, source: &str) -> Offer {
+    let mut o = offer(request, Tier::Ram, cached, Some(source));
+    o.candidate.resident_token_count = resident;
+    o.estimate = estimate(&o.request, &o.candidate);
+    o
+}
+
+#[test]
+fn a_resident_head_is_forked_and_only_the_tail_restored() {
+    // Page size 2, 5 pages; "shared-prefix" holds tokens 1–2 (page 0). The offer reuses
+    // 4 tokens: the first 2 resident, 3–4 from RAM. Tokens [1..6], max_new 2 ⇒ 7 ⇒ 4
+    // pages, one shared: 3 to reserve.
+    let mut pool = pool(2, 5);
+    pool.allocate(&r("shared-prefix"), 2).unwrap();
+    let mut w = worker(pool);
+    let effects = w.handle(
+        Millis(0),
+        WorkerInput::Offer(Box::new(mixed_offer(
+            request("req", vec![1, 2, 3, 4, 5, 6]),
+            4,
+            2,
+            "shared-prefix",
+        ))),
+    );
+    assert!(accepted(&effects), "{effects:?}");
+    let a = AssignmentId::new("req", 1);
+    let state = w.assignment(&a).unwrap();
+    assert_eq!(state.phase, AssignmentPhase::Restoring);
+    assert_eq!(state.cached_token_count, 2, "the head counts at once");
+    assert_eq!(w.capacity().reserved_count(), 3);
+    let route = w.capacity().route(&r("req")).unwrap();
+    assert_eq!(route.token_count(), 2);
+    assert_eq!(
+        route.pages(),
+        w.capacity().route(&r("shared-prefix")).unwrap().pages()
+    );
+    let ops = started(&effects);
+    assert_eq!(ops.len(), 1);
+    assert_eq!(ops[0].kind, OperationKind::Restore);
+    // The restore appends the tail after the forked head, then the prefill follows.
+    let pool = w.capacity_mut();
+    let append = pool.append_reserve(&r("req"), 2).unwrap();
+    pool.commit_append(&r("req"), append.id).unwrap();
+    let after = w.handle(
+        Millis(1),
+        WorkerInput::OperationDone {
+            assignment: a.clone(),
+            outcome: OperationOutcome::Restored {
+                cached_token_count: Some(4),
+            },
+        },
+    );
+    assert_eq!(w.assignment(&a).unwrap().cached_token_count, 4);
+    assert_eq!(started(&after)[0].kind, OperationKind::Prefill);
+    assert_eq!(
+        w.capacity()
+            .route(&r("shared-prefix"))
+            .unwrap()
+            .token_count(),
+        2,
+        "the source is untouched"
+    );
+    w.capacity().check_invariants().unwrap();
+}
+
+#[test]
+fn a_resident_head_that_is_gone_declines_the_offer_unchanged() {
+    let mut w = worker(pool(2, 5));
+    let effects = w.handle(
+        Millis(0),
+        WorkerInput::Offer(Box::new(mixed_offer(
+            request("req", vec![1, 2, 3, 4, 5, 6]),
+            4,
+            2,
+            "shared-prefix",
+        ))),
+    );
+    assert!(!accepted(&effects));
+    assert!(
+        format!("{effects:?}").contains("ResidentPrefixUnavailable"),
+        "{effects:?}"
+    );
+    assert_eq!(w.capacity().reserved_count(), 0);
+    assert!(w.capacity().route(&r("req")).is_none());
+}

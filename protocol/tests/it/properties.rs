@@ -178,6 +178,7 @@ fn candidate(sim: &Simulation, alt: &Alt, processed: u32) -> Candidate {
         model_loaded: true,
         exact: true,
         source_continuation_id: None,
+        resident_token_count: 0,
         transfer: TransferCapabilities::default(),
         imposed_ms: 0.0,
     }

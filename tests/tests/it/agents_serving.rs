@@ -289,3 +289,65 @@ async fn agents_synthetic_engine_batches_concurrent_decodes() {
     assert_eq!(engine["costs"]["decode_us_per_step"], 20_000.0, "{engine}");
     assert_eq!(engine["first_token_step"], true, "{engine}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_resident_head_forked_and_only_the_tail_restored() {
+    // One worker, 16-token chunks. A 100-token prompt is served and checkpointed into
+    // RAM, then evicted from the pool. Its first 33 tokens come back as a short request
+    // (2 chunks restored from RAM; its route stays resident). The full prompt again: the
+    // router offers the resident head (32 tokens) forked plus the 5 chunks after it from
+    // RAM (the last one partial), cheaper than restoring all 7 — the worker restores 67
+    // tokens, not 99, and answers as the first time.
+    let router = start_router(Some("s3cret"), &[]);
+    let worker = start_worker(&router, "w-a", true, COSTS);
+    router.wait_workers(&["w-a"]).await;
+    let tokens = prompt(1, 100);
+    let first = router.generate(body("r1", &tokens, 4)).await;
+    assert_eq!(first.kind(), "completed", "{:?}", first.terminal);
+    worker.wait_idle().await;
+    let evicted = worker.fault("/fault/evict-resident").await;
+    assert!(evicted["pages_freed"].as_u64().unwrap() > 0, "{evicted}");
+    wait_for(
+        "the eviction to be advertised",
+        Duration::from_secs(10),
+        || async {
+            let obs = router.observation("w-a").await?;
+            obs["gpu_prefixes"].as_array()?.is_empty().then_some(())
+        },
+    )
+    .await;
+    let head = router.generate(body("r-head", &tokens[..33], 4)).await;
+    assert_eq!(head.kind(), "completed", "{:?}", head.terminal);
+    assert_eq!((head.tier(), head.cached_tokens()), ("ram".to_owned(), 32));
+    worker.wait_idle().await;
+    wait_for(
+        "the head to be advertised",
+        Duration::from_secs(10),
+        || async {
+            let obs = router.observation("w-a").await?;
+            let listed = obs["gpu_prefixes"].as_array()?;
+            listed
+                .iter()
+                .any(|p| p["token_count"].as_u64() == Some(32))
+                .then_some(())
+        },
+    )
+    .await;
+    let m = worker.metrics_text().await;
+    let before = metric(&m, "den_restored_tokens_total", &[("tier", "ram")]);
+    assert_eq!(before, 32.0);
+
+    let again = router.generate(body("r2", &tokens, 4)).await;
+    assert_eq!(again.kind(), "completed", "{:?}", again.terminal);
+    assert_eq!(again.tier(), "ram");
+    assert_eq!(again.cached_tokens(), 99, "the head and the restored tail");
+    assert_eq!(again.tokens(), first.tokens(), "same prompt, same output");
+    let m = worker.metrics_text().await;
+    assert_eq!(
+        metric(&m, "den_restored_tokens_total", &[("tier", "ram")]) - before,
+        67.0,
+        "only the tail after the resident head is restored"
+    );
+    let status = worker.status().await;
+    assert_eq!(status["restore_mismatch"], 0.0, "{status}");
+}
