@@ -459,10 +459,54 @@ async fn agents_real_model_streams_reuses_stops_seeds_and_restores() {
         "the continuation after a restored prefix"
     );
     let metrics = worker.metrics_text().await;
-    assert!(
-        den_tests::agents::metric(&metrics, "den_restored_tokens_total", &[("tier", "ram")])
-            >= 192.0,
-        "{metrics}"
+    let restored_ram =
+        |m: &str| den_tests::agents::metric(m, "den_restored_tokens_total", &[("tier", "ram")]);
+    assert!(restored_ram(&metrics) >= 192.0, "{metrics}");
+
+    // A resident head with only its tail restored: evict again, bring back the first 70
+    // tokens (their whole chunks restored from RAM; that route stays resident), then the
+    // whole prompt: the head is forked, only the chunks after it are restored, and the
+    // continuation is the one computed from scratch.
+    worker.wait_idle().await;
+    worker.fault("/fault/evict-resident").await;
+    den_tests::agents::wait_for(
+        "the second eviction to be advertised",
+        Duration::from_secs(10),
+        || async {
+            let obs = router.observation("w-real").await?;
+            obs["gpu_prefixes"].as_array()?.is_empty().then_some(())
+        },
+    )
+    .await;
+    let head_body = json!({"id": "head", "model": "smollm2", "tokens": &prompt[..70],
+                           "max_new_tokens": 4, "temperature": 0, "ignore_eos": true});
+    let head = generate(&router, head_body).await;
+    assert_eq!(head["tier"], "ram", "{head}");
+    let head_cached = head["cached_tokens"].as_u64().unwrap();
+    assert!(head_cached > 0, "{head}");
+    worker.wait_idle().await;
+    den_tests::agents::wait_for(
+        "the head to be advertised",
+        Duration::from_secs(10),
+        || async {
+            let obs = router.observation("w-real").await?;
+            (!obs["gpu_prefixes"].as_array()?.is_empty()).then_some(())
+        },
+    )
+    .await;
+    let before = restored_ram(&worker.metrics_text().await);
+    let again = generate(&router, body("head-and-tail")).await;
+    assert_eq!(again["tier"], "ram", "{again}");
+    let again_cached = again["cached_tokens"].as_u64().unwrap();
+    assert_eq!(
+        restored_ram(&worker.metrics_text().await) - before,
+        (again_cached - head_cached) as f64,
+        "only the tail after the resident head is restored: {again}"
+    );
+    assert_eq!(
+        ids(&again["tokens"]),
+        ids(&computed["tokens"]),
+        "the continuation after a forked head and a restored tail"
     );
 }
 

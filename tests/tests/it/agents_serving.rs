@@ -4,7 +4,9 @@
 
 use std::time::Duration;
 
-use den_tests::agents::{SLOW_PREFILL, body, metric, prompt, start_router, start_worker, wait_for};
+use den_tests::agents::{
+    Router, SLOW_PREFILL, Worker, body, metric, prompt, start_router, start_worker, wait_for,
+};
 
 /// Prefill is declared expensive (4 ms per uncached token) so a cache hit is
 /// unmistakable: a 100-token prompt costs ~400 ms to prefill, a hit a few ms.
@@ -58,18 +60,7 @@ async fn agents_request_served_then_prefix_reused_from_gpu_and_ram() {
 
     // Evict the resident routes: the next identical prompt restores from the RAM tier,
     // and every restored chunk is read back and checked byte-exact.
-    worker.wait_idle().await;
-    let evicted = worker.fault("/fault/evict-resident").await;
-    assert!(evicted["pages_freed"].as_u64().unwrap() > 0, "{evicted}");
-    wait_for(
-        "the eviction to be advertised",
-        Duration::from_secs(10),
-        || async {
-            let obs = router.observation(&served).await?;
-            obs["gpu_prefixes"].as_array()?.is_empty().then_some(())
-        },
-    )
-    .await;
+    evict_resident(&router, worker, &served).await;
     let third = router.generate(body("r3", &tokens, 4)).await;
     assert_eq!(third.kind(), "completed", "{:?}", third.terminal);
     assert_eq!(third.tier(), "ram");
@@ -304,18 +295,7 @@ async fn agents_resident_head_forked_and_only_the_tail_restored() {
     let tokens = prompt(1, 100);
     let first = router.generate(body("r1", &tokens, 4)).await;
     assert_eq!(first.kind(), "completed", "{:?}", first.terminal);
-    worker.wait_idle().await;
-    let evicted = worker.fault("/fault/evict-resident").await;
-    assert!(evicted["pages_freed"].as_u64().unwrap() > 0, "{evicted}");
-    wait_for(
-        "the eviction to be advertised",
-        Duration::from_secs(10),
-        || async {
-            let obs = router.observation("w-a").await?;
-            obs["gpu_prefixes"].as_array()?.is_empty().then_some(())
-        },
-    )
-    .await;
+    evict_resident(&router, &worker, "w-a").await;
     let head = router.generate(body("r-head", &tokens[..33], 4)).await;
     assert_eq!(head.kind(), "completed", "{:?}", head.terminal);
     assert_eq!((head.tier(), head.cached_tokens()), ("ram".to_owned(), 32));
@@ -350,4 +330,21 @@ async fn agents_resident_head_forked_and_only_the_tail_restored() {
     );
     let status = worker.status().await;
     assert_eq!(status["restore_mismatch"], 0.0, "{status}");
+}
+
+/// Once `worker` is idle, evicts its resident routes and waits until the router no longer
+/// lists any of its GPU prefixes.
+async fn evict_resident(router: &Router, worker: &Worker, id: &str) {
+    worker.wait_idle().await;
+    let evicted = worker.fault("/fault/evict-resident").await;
+    assert!(evicted["pages_freed"].as_u64().unwrap() > 0, "{evicted}");
+    wait_for(
+        "the eviction to be advertised",
+        Duration::from_secs(10),
+        || async {
+            let obs = router.observation(id).await?;
+            obs["gpu_prefixes"].as_array()?.is_empty().then_some(())
+        },
+    )
+    .await;
 }
