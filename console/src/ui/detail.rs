@@ -265,6 +265,19 @@ fn route_lines(r: &DecisionRecord, theme: &Theme) -> Vec<Line<'static>> {
 fn candidate_line(rank: &str, s: &Scored, note: &str, style: Style) -> Line<'static> {
     let c = &s.candidate;
     let e = &s.estimate;
+    // A lower-tier alternative that forks a resident head restores only the rest: say so,
+    // or its restore reads as the whole prefix's.
+    let head = c.resident_tokens();
+    let note = if head > 0 && c.tier != den_protocol::candidate::Tier::Gpu {
+        let head = format!("head {head} resident");
+        if note.is_empty() {
+            head
+        } else {
+            format!("{head}; {note}")
+        }
+    } else {
+        note.to_owned()
+    };
     let pred = if e.feasible() {
         ms(e.ttft_ms)
     } else {
@@ -409,4 +422,50 @@ fn find<R: TableRow + serde::Serialize>(rows: &[R], key: &str) -> Option<serde_j
     rows.iter()
         .find(|r| r.key() == key)
         .and_then(|r| serde_json::to_value(r).ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use den_protocol::candidate::{Candidate, estimate_shape};
+
+    fn scored(json: &str) -> Scored {
+        let candidate: Candidate = serde_json::from_str(json).unwrap();
+        let estimate = estimate_shape(99, 4, &candidate);
+        Scored {
+            candidate,
+            estimate,
+        }
+    }
+
+    fn text(line: &Line) -> String {
+        line.spans.iter().map(|s| s.content.as_ref()).collect()
+    }
+
+    #[test]
+    fn a_lower_tier_alternative_with_a_resident_head_says_so() {
+        let base = r#""worker_id":"w-a","worker_epoch":0,"cached_token_count":99,
+            "cached_bytes":0,"queue_ms":0,"prefix_load_ms":1,"gpu_restore_ms":1,
+            "prefill_ms_per_token":1,"first_token_ms":1,"page_size":16,"free_pages":64,
+            "evictable_pages":0,"max_context":4096,"online":true,"model_loaded":true"#;
+        let mixed = scored(&format!(
+            r#"{{{base},"tier":"ram","resident_token_count":32}}"#
+        ));
+        let line = text(&candidate_line(
+            "0",
+            &mixed,
+            "attempt #1: completed",
+            Style::default(),
+        ));
+        assert!(
+            line.ends_with("head 32 resident; attempt #1: completed"),
+            "{line}"
+        );
+        let whole = scored(&format!(r#"{{{base},"tier":"ram"}}"#));
+        let line = text(&candidate_line("1", &whole, "", Style::default()));
+        assert!(!line.contains("resident"), "{line}");
+        let gpu = scored(&format!(r#"{{{base},"tier":"gpu"}}"#));
+        let line = text(&candidate_line("2", &gpu, "", Style::default()));
+        assert!(!line.contains("resident"), "{line}");
+    }
 }
