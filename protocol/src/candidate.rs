@@ -132,7 +132,14 @@ impl Candidate {
     pub fn resident_tokens(&self) -> u32 {
         match self.tier {
             Tier::Gpu => self.cached_token_count,
-            Tier::None => 0,
+            _ => self.resident_head(),
+        }
+    }
+
+    /// A lower-tier alternative's resident head (0 for recompute and GPU alternatives).
+    pub fn resident_head(&self) -> u32 {
+        match self.tier {
+            Tier::Gpu | Tier::None => 0,
             _ => self.resident_token_count.min(self.cached_token_count),
         }
     }

@@ -93,6 +93,10 @@ pub struct AttemptRecord {
     pub worker: WorkerId,
     pub tier: Tier,
     pub cached_tokens: u32,
+    /// Of `cached_tokens`, the resident head a lower-tier alternative forks
+    /// (`Candidate::resident_token_count`).
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub resident_tokens: u32,
     pub predicted_ttft_ms: f64,
     /// Position of the candidate in the offer order (0 = best).
     pub rank: usize,
@@ -454,4 +458,8 @@ impl Serialize for CandidateSnapshot {
         }
         seq.end()
     }
+}
+
+fn is_zero_u32(v: &u32) -> bool {
+    *v == 0
 }

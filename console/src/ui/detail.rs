@@ -195,6 +195,7 @@ fn route_lines(r: &DecisionRecord, theme: &Theme) -> Vec<Line<'static>> {
             a.worker == s.candidate.worker_id
                 && a.tier == s.candidate.tier
                 && a.cached_tokens == s.candidate.cached_token_count
+                && a.resident_tokens == s.candidate.resident_head()
         })
     };
     for (i, s) in ranking.feasible.iter().enumerate() {
@@ -267,8 +268,8 @@ fn candidate_line(rank: &str, s: &Scored, note: &str, style: Style) -> Line<'sta
     let e = &s.estimate;
     // A lower-tier alternative that forks a resident head restores only the rest: say so,
     // or its restore reads as the whole prefix's.
-    let head = c.resident_tokens();
-    let note = if head > 0 && c.tier != den_protocol::candidate::Tier::Gpu {
+    let head = c.resident_head();
+    let note = if head > 0 {
         let head = format!("head {head} resident");
         if note.is_empty() {
             head

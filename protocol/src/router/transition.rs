@@ -395,6 +395,7 @@ fn offer_next(cfg: &RouterConfig, idx: &mut Index, e: &mut Entry, now: Millis, o
         worker: candidate.worker_id.clone(),
         tier: candidate.tier,
         cached_tokens: candidate.cached_token_count,
+        resident_tokens: candidate.resident_head(),
         predicted_ttft_ms: estimate.ttft_ms,
         rank,
         offered_at: now,

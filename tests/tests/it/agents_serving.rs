@@ -330,6 +330,15 @@ async fn agents_resident_head_forked_and_only_the_tail_restored() {
     );
     let status = worker.status().await;
     assert_eq!(status["restore_mismatch"], 0.0, "{status}");
+    // The decision record names the head the served attempt forked.
+    let record = router.record("r2").await;
+    let attempts = record["attempts"].as_array().cloned().unwrap_or_default();
+    assert!(
+        attempts
+            .iter()
+            .any(|a| a["tier"] == "ram" && a["resident_tokens"] == 32),
+        "{record}"
+    );
 }
 
 /// Once `worker` is idle, evicts its resident routes and waits until the router no longer
