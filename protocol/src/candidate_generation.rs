@@ -8,6 +8,8 @@
 //! replicas, or from the object store). The lowest predicted TTFT wins later, not the
 //! longest prefix, so every boundary is offered.
 
+use std::borrow::Cow;
+
 use crate::candidate::{Candidate, Tier};
 use crate::chunk::{ChunkDescriptor, plan_chunks};
 use crate::chunk_catalog::{ChunkCatalog, ChunkEntry};
@@ -87,23 +89,21 @@ fn worker_candidates(
                 continuation_id: Some(p.continuation_id.clone()),
             })
     });
-    let durable = run.iter().map_while(|(d, entry)| {
-        let (tier, load_ms) = fastest_source(obs, catalog, &request.model, entry)?;
-        Some(DurableChunk {
-            end_tokens: d.end(),
-            bytes: entry.bytes,
-            tier,
-            load_ms,
-        })
-    });
-    // After the deepest resident boundary: the catalogued run from there.
-    let tail_after = |head: u32| {
-        let from = plan.iter().position(|d| d.start == head);
-        let run = from
-            .and_then(|i| plan.get(i..))
-            .map(|rest| catalog.matched_run(&request.model, rest))
-            .unwrap_or_default();
-        run.into_iter().map_while(|(d, entry)| {
+    // The catalogued run from a chunk start, while this worker can load each chunk: from
+    // the root it is the request's (matched once for every worker).
+    let chunks_from = |start: u32| {
+        let run: Cow<'_, [(&ChunkDescriptor, &ChunkEntry)]> = if start == 0 {
+            Cow::Borrowed(run)
+        } else {
+            let from = plan.iter().position(|d| d.start == start);
+            Cow::Owned(
+                from.and_then(|i| plan.get(i..))
+                    .map(|rest| catalog.matched_run(&request.model, rest))
+                    .unwrap_or_default(),
+            )
+        };
+        (0..run.len()).map_while(move |i| {
+            let (d, entry) = *run.get(i)?;
             let (tier, load_ms) = fastest_source(obs, catalog, &request.model, entry)?;
             Some(DurableChunk {
                 end_tokens: d.end(),
@@ -114,9 +114,7 @@ fn worker_candidates(
         })
     };
     let rate = obs.gpu_restore_bytes_per_ms;
-    alternatives(base, resident, durable, tail_after, |bytes| {
-        bytes as f64 / rate
-    })
+    alternatives(base, resident, chunks_from, |bytes| bytes as f64 / rate)
 }
 
 /// A prefix boundary whose KV is resident in a worker's GPU pool.
@@ -143,17 +141,17 @@ pub struct DurableChunk {
 
 /// One worker's alternatives for a request (spec §6.1), the one builder the router and
 /// the fleet simulator share: recompute (`base`); one per resident boundary; one per
-/// boundary of the `durable` walk from the root, restored whole; and, after the deepest
-/// resident boundary, one per boundary of the lower-tier chunks `tail_after(its end)`
-/// yields — the resident head forked as it is, only the tail restored. Bytes and load
-/// accumulate along a walk, labelled by its slowest tier, the GPU upload priced by
-/// `restore_ms(bytes)`. Every boundary is offered: the lowest predicted TTFT wins, not the
-/// longest prefix.
+/// boundary of the lower-tier chunks `chunks_from(0)` yields, restored whole; and one per
+/// boundary of those `chunks_from(end)` yields after the deepest resident boundary — the
+/// resident head forked as it is, only the tail restored. `chunks_from(start)` gives the
+/// worker's loadable chunks from that chunk start, in order, until the first it cannot
+/// load. Bytes and load accumulate along a walk, labelled by its slowest tier, the GPU
+/// upload priced by `restore_ms(bytes)`. Every boundary is offered: the lowest predicted
+/// TTFT wins, not the longest prefix.
 pub fn alternatives<T: IntoIterator<Item = DurableChunk>>(
     base: Candidate,
     resident: impl IntoIterator<Item = ResidentPrefix>,
-    durable: impl IntoIterator<Item = DurableChunk>,
-    tail_after: impl FnOnce(u32) -> T,
+    chunks_from: impl Fn(u32) -> T,
     restore_ms: impl Fn(u64) -> f64,
 ) -> Vec<Candidate> {
     let mut out = vec![base.clone()];
@@ -170,9 +168,9 @@ pub fn alternatives<T: IntoIterator<Item = DurableChunk>>(
             head = Some(p);
         }
     }
-    walk(&mut out, &base, None, durable, &restore_ms);
+    walk(&mut out, &base, None, chunks_from(0), &restore_ms);
     if let Some(h) = head {
-        let tail = tail_after(h.end_tokens);
+        let tail = chunks_from(h.end_tokens);
         walk(&mut out, &base, Some(h), tail, &restore_ms);
     }
     out
@@ -194,9 +192,6 @@ fn walk(
     let mut bytes = 0u64;
     let mut slowest = Tier::Ram;
     for chunk in chunks {
-        if chunk.end_tokens <= resident_tokens {
-            continue;
-        }
         load_ms += chunk.load_ms;
         bytes += chunk.bytes;
         if chunk.tier.lower_rank() > slowest.lower_rank() {

@@ -107,12 +107,12 @@ fn router_priced(
             })
         })
         .collect::<Vec<_>>();
-    let head_blocks = resident.len();
-    let durable = durable_walk(w, shape, cost, 0);
-    let tail = |_head_tokens: u32| durable_walk(w, shape, cost, head_blocks);
-    let mut out = alternatives(base, resident, durable, tail, |bytes| {
-        cost.pcie_us(bytes) as f64 / 1000.0
-    });
+    let mut out = alternatives(
+        base,
+        resident,
+        |start| durable_walk(w, shape, cost, start),
+        |bytes| cost.pcie_us(bytes) as f64 / 1000.0,
+    );
     // Every simulated worker reports its engine plan (batched or den's synthetic
     // engine, on den's scheduler): priced by the replay, then the work offered since the
     // last heartbeat added, in the router's order (`RouterNode::submit`).
@@ -135,11 +135,20 @@ fn router_priced(
         .collect()
 }
 
-/// The lower-tier chunks of `w` from block `from` on, as long as each has a source: the
-/// simulated worker's loads (per tier a fixed cost once plus bytes / throughput, the cost
-/// model's) given to the builder chunk by chunk as increments.
-fn durable_walk(w: &DenWorker, shape: &Shape, cost: &CostModel, from: usize) -> Vec<DurableChunk> {
-    let start: u32 = shape.block_tokens.iter().take(from).sum();
+/// The lower-tier chunks of `w` from the block starting at token `start` on, as long as
+/// each has a source: the simulated worker's loads (per tier a fixed cost once plus bytes
+/// / throughput, the cost model's) given to the builder chunk by chunk as increments.
+fn durable_walk(w: &DenWorker, shape: &Shape, cost: &CostModel, start: u32) -> Vec<DurableChunk> {
+    let mut skipped = 0u32;
+    let from = shape
+        .block_tokens
+        .iter()
+        .take_while(|&&t| {
+            let before = skipped < start;
+            skipped += t;
+            before
+        })
+        .count();
     let mut walk = Walk::default();
     let mut loaded = 0.0;
     w.durable
