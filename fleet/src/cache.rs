@@ -116,6 +116,15 @@ impl BlockCache {
             .count()
     }
 
+    /// Every block on the GPU, in index order (a scan of every block: for heartbeats).
+    pub fn gpu_blocks(&self) -> Vec<u32> {
+        (0u32..)
+            .zip(&self.flags)
+            .filter(|(_, f)| **f & Level::Gpu.bit() != 0)
+            .map(|(b, _)| b)
+            .collect()
+    }
+
     /// Blocks on the GPU (pinned or not).
     pub fn gpu_len(&self) -> u32 {
         self.gpu.len

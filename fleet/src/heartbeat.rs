@@ -114,11 +114,10 @@ impl Beats {
         s.queue_ms = extra.max(0.0);
     }
 
-    /// Sends the next heartbeat: snapshot that worker at its time.
-    pub(crate) fn fire(&mut self, workers: &[Worker], sh: &Shared) {
-        let Some(Reverse((at, w, periodic))) = self.pending.pop() else {
-            return;
-        };
+    /// Sends the next heartbeat: snapshot that worker at its time. Returns when and
+    /// whose.
+    pub(crate) fn fire(&mut self, workers: &[Worker], sh: &Shared) -> Option<(Micros, usize)> {
+        let Reverse((at, w, periodic)) = self.pending.pop()?;
         if let (Some(worker), Some(slot)) = (workers.get(w), self.snapshots.get_mut(w)) {
             *slot = worker.load(at, sh);
         }
@@ -134,6 +133,7 @@ impl Beats {
         {
             *e = None;
         }
+        Some((at, w))
     }
 
     /// Worker `w` just processed an event at `at`: the requests it completed end in the

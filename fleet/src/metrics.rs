@@ -112,6 +112,21 @@ pub struct PolicyReport {
     /// How well the policy's own TTFT predictions matched (policies that predict).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prediction: Option<Prediction>,
+    /// Requests the policy refused at least once (den: no worker could hold them), each
+    /// retried by its client after the router's `Retry-After`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub refused_requests: u64,
+    /// Refusals in all (a request refused twice counts twice).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub client_retries: u64,
+    /// Requests still refused after [`crate::replay::MAX_CLIENT_RETRIES`] retries, then
+    /// sent to the worker with the fewest requests in flight (should stay 0).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub gave_up: u64,
+}
+
+fn is_zero(x: &u64) -> bool {
+    *x == 0
 }
 
 /// Predicted vs measured TTFT over the requests a policy predicted.
@@ -281,6 +296,13 @@ impl FleetReport {
             );
         }
         for p in &self.policies {
+            if p.client_retries > 0 {
+                let _ = writeln!(
+                    out,
+                    "{}: {} requests refused for want of KV pages and retried by their clients after the router's Retry-After ({} retries, {} still refused then sent to the least-loaded worker)",
+                    p.policy, p.refused_requests, p.client_retries, p.gave_up
+                );
+            }
             if let Some(q) = &p.prediction {
                 let _ = writeln!(
                     out,

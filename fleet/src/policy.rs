@@ -11,10 +11,11 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use super::baselines::{DynamoPolicy, LlmdPolicy, SglangPolicy};
+use super::cache::Level;
 use super::cost::{CostModel, Micros};
 use super::den::{DenOptions, DenPolicy, StudyDecision};
 use super::load::WorkerLoad;
-use super::worker::{Reuse, Shared, Source, Worker, durable_source_of, source_of};
+use super::worker::{Reuse, Shared, Source, Worker, source_of};
 use den_protocol::ids::WorkerId;
 
 /// The request being routed, as a router sees it.
@@ -30,6 +31,8 @@ pub struct RouteRequest<'a> {
     pub blocks: &'a [u32],
     /// Keep a decision record for this request (policies that can explain themselves).
     pub explain: bool,
+    /// How often the policy refused it before (its client retries a refusal).
+    pub attempt: u32,
 }
 
 /// A routing decision.
@@ -45,6 +48,10 @@ pub struct Route {
     /// router does with the work it offered.
     pub added_work_ms: Option<f64>,
     pub record: Option<StudyDecision>,
+    /// `Some`: the policy refused the request now (den's router answers 503 with
+    /// `Retry-After` when no worker can hold it), and its client submits it again this
+    /// many µs later; the request's TTFT still counts from its first arrival.
+    pub retry_after_us: Option<Micros>,
 }
 
 impl Route {
@@ -56,6 +63,7 @@ impl Route {
             predicted_ttft_ms: None,
             added_work_ms: None,
             record: None,
+            retry_after_us: None,
         }
     }
 }
@@ -64,6 +72,11 @@ impl Route {
 pub trait Policy {
     fn name(&self) -> &'static str;
     fn route(&mut self, request: &RouteRequest, fleet: &FleetView) -> Route;
+    /// Worker `w` sent a heartbeat (heartbeat-lagged runs only): `fleet.load(w)` is what
+    /// it reported, and its tiers are as of `fleet.now`.
+    fn heartbeat(&mut self, _w: usize, _fleet: &FleetView) {}
+    /// Worker `w` produced the last token of request `r` (replay index) at `now`.
+    fn finished(&mut self, _w: usize, _r: usize, _now: Micros) {}
 }
 
 /// What a router observes of the fleet at one instant.
@@ -127,15 +140,39 @@ impl<'a> FleetView<'a> {
         source_of(&worker.cache, &self.shared.published_at, self.now, b)
     }
 
-    /// The fastest lower tier block `b` can be restored from on worker `w` (host RAM,
-    /// then SSD, then the object store once published), GPU residency aside.
-    pub fn durable_source(&self, w: usize, b: u32) -> Option<Source> {
-        let worker = self.workers.get(w)?;
-        durable_source_of(&worker.cache, &self.shared.published_at, self.now, b)
-    }
-
     pub fn block_tokens(&self, b: u32) -> u32 {
         self.shared.workload.block_tokens(b)
+    }
+
+    /// Distinct blocks of the workload (block indices are below this).
+    pub fn block_count(&self) -> usize {
+        self.shared.workload.block_count()
+    }
+
+    /// Whether worker `w`'s `level` holds block `b` now.
+    pub fn holds(&self, w: usize, level: Level, b: u32) -> bool {
+        self.workers.get(w).is_some_and(|x| x.cache.has(level, b))
+    }
+
+    /// Blocks on worker `w`'s GPU now, in index order.
+    pub fn gpu_blocks(&self, w: usize) -> Vec<u32> {
+        self.workers
+            .get(w)
+            .map(|x| x.cache.gpu_blocks())
+            .unwrap_or_default()
+    }
+
+    /// Whether block `b`'s upload to the shared object store has finished.
+    pub fn uploaded(&self, b: u32) -> bool {
+        self.shared
+            .published_at
+            .get(b as usize)
+            .is_some_and(|t| *t <= self.now)
+    }
+
+    /// Whether loads are as of each worker's last heartbeat ([`Self::load`]).
+    pub fn lagged(&self) -> bool {
+        self.reported.is_some()
     }
 }
 

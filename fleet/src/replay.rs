@@ -24,7 +24,7 @@ use super::cost::{CostModel, Micros};
 use super::den::{DenOptions, StudyDecision};
 use super::heartbeat::{Beats, Heartbeats};
 use super::metrics::{Latency, PolicyReport, Prediction, Spread, Throughput, TierTokens};
-use super::policy::{FleetView, Policy, PolicyKind, RouteRequest};
+use super::policy::{FleetView, Policy, PolicyKind, Route, RouteRequest};
 use super::trace::Workload;
 use super::worker::{ReqState, Shared, Worker};
 
@@ -96,14 +96,39 @@ pub fn run_with(workload: &Workload, config: &FleetConfig, policy: &mut dyn Poli
     let mut events: BinaryHeap<Reverse<(Micros, usize, u64)>> = BinaryHeap::new();
     let mut versions = vec![0u64; n];
     let mut decisions = Vec::new();
-    let mut predicted = Vec::with_capacity(workload.requests.len());
+    let mut predicted = vec![None; workload.requests.len()];
     let start = workload.requests.first().map_or(0, |r| r.arrival_us);
     let mut beats = config
         .heartbeats
         .map(|h| Beats::new(h, start, &workers, &sh));
+    // Requests a policy refused, by when their clients submit them again.
+    let mut retries: BinaryHeap<Reverse<(Micros, usize)>> = BinaryHeap::new();
+    let mut attempts = vec![0u32; workload.requests.len()];
+    let mut refusals = Refusals::default();
+    let mut next = 0usize;
 
-    for (i, req) in workload.requests.iter().enumerate() {
-        let now = req.arrival_us;
+    loop {
+        let arrival = workload.requests.get(next).map(|r| r.arrival_us);
+        let retry = retries.peek().map(|Reverse(r)| *r);
+        // A new arrival goes before a retry at the same instant.
+        let (now, i) = match (arrival, retry) {
+            (Some(a), Some((t, r))) if t < a => {
+                retries.pop();
+                (t, r)
+            }
+            (Some(a), _) => {
+                next += 1;
+                (a, next - 1)
+            }
+            (None, Some((t, r))) => {
+                retries.pop();
+                (t, r)
+            }
+            (None, None) => break,
+        };
+        let Some(req) = workload.requests.get(i) else {
+            continue;
+        };
         drain(
             &mut events,
             &mut versions,
@@ -111,7 +136,9 @@ pub fn run_with(workload: &Workload, config: &FleetConfig, policy: &mut dyn Poli
             &mut sh,
             Some(now),
             beats.as_mut(),
+            policy,
         );
+        let attempt = attempts.get(i).copied().unwrap_or(0);
         let request = RouteRequest {
             index: i,
             line: req.line,
@@ -119,12 +146,32 @@ pub fn run_with(workload: &Workload, config: &FleetConfig, policy: &mut dyn Poli
             output_tokens: req.output_tokens,
             blocks: workload.blocks(req),
             explain: config.explain.contains(&i),
+            attempt,
         };
-        let route = {
+        let mut route = {
             let view = FleetView::new(now, &workers, &sh, beats.as_ref().map(Beats::snapshots));
             policy.route(&request, &view)
         };
-        predicted.push(route.predicted_ttft_ms);
+        if let Some(after) = route.retry_after_us {
+            refusals.refused(attempt);
+            if attempt < MAX_CLIENT_RETRIES {
+                if let Some(a) = attempts.get_mut(i) {
+                    *a += 1;
+                }
+                retries.push(Reverse((now + after.max(1), i)));
+                continue;
+            }
+            refusals.gave_up += 1;
+            let view = FleetView::new(now, &workers, &sh, beats.as_ref().map(Beats::snapshots));
+            route = Route::to(
+                (0..view.worker_count())
+                    .min_by_key(|&w| view.load(w).in_flight())
+                    .unwrap_or(0),
+            );
+        }
+        if let Some(p) = predicted.get_mut(i) {
+            *p = route.predicted_ttft_ms;
+        }
         if let Some(record) = route.record {
             decisions.push(record);
         }
@@ -146,15 +193,43 @@ pub fn run_with(workload: &Workload, config: &FleetConfig, policy: &mut dyn Poli
         &mut sh,
         None,
         None,
+        policy,
     );
 
+    // A retried request is decided after later arrivals: keep the records in replay order.
+    decisions.sort_by_key(|d| d.request);
     for d in &mut decisions {
         if let (Some(st), Some(req)) = (sh.reqs.get(d.request), workload.requests.get(d.request)) {
             d.measured_ttft_ms =
                 Some(st.first_token.saturating_sub(req.arrival_us) as f64 / 1000.0);
         }
     }
-    summarise(policy.name(), workload, &workers, sh, decisions, predicted)
+    let mut run = summarise(policy.name(), workload, &workers, sh, decisions, predicted);
+    run.report.refused_requests = refusals.requests;
+    run.report.client_retries = refusals.retries;
+    run.report.gave_up = refusals.gave_up;
+    run
+}
+
+/// A refused request's client retries this often at most (at den's `Retry-After` of a
+/// second, ten minutes), then the replay sends it to the least-loaded worker.
+pub const MAX_CLIENT_RETRIES: u32 = 600;
+
+/// What the policy refused over a replay.
+#[derive(Debug, Default)]
+struct Refusals {
+    requests: u64,
+    retries: u64,
+    gave_up: u64,
+}
+
+impl Refusals {
+    fn refused(&mut self, attempt: u32) {
+        if attempt == 0 {
+            self.requests += 1;
+        }
+        self.retries += 1;
+    }
 }
 
 fn schedule(
@@ -170,7 +245,9 @@ fn schedule(
 }
 
 /// Processes worker events up to and including `until` (all of them for `None`), and
-/// the heartbeats due in between (a heartbeat at the time of an event follows it).
+/// the heartbeats due in between (a heartbeat at the time of an event follows it); the
+/// policy hears of each heartbeat and each finished request.
+#[allow(clippy::too_many_arguments)]
 fn drain(
     events: &mut BinaryHeap<Reverse<(Micros, usize, u64)>>,
     versions: &mut [u64],
@@ -178,6 +255,7 @@ fn drain(
     sh: &mut Shared,
     until: Option<Micros>,
     mut beats: Option<&mut Beats>,
+    policy: &mut dyn Policy,
 ) {
     loop {
         let event = events.peek().map(|Reverse((at, _, _))| *at);
@@ -197,8 +275,11 @@ fn drain(
             return;
         }
         if beat.is_some_and(|b| event.is_none_or(|e| b < e)) {
-            if let Some(b) = beats.as_deref_mut() {
-                b.fire(workers, sh);
+            if let Some(b) = beats.as_deref_mut()
+                && let Some((at, w)) = b.fire(workers, sh)
+            {
+                let view = FleetView::new(at, workers, sh, Some(b.snapshots()));
+                policy.heartbeat(w, &view);
             }
             continue;
         }
@@ -213,6 +294,9 @@ fn drain(
         };
         if let Some(next) = worker.on_event(at, sh) {
             schedule(events, versions, w, next);
+        }
+        for &r in &worker.finished {
+            policy.finished(w, r as usize, at);
         }
         match beats.as_deref_mut() {
             Some(b) => b.after_event(w, worker, at),
@@ -283,6 +367,9 @@ fn summarise(
         load_spread: Spread::new(routed, &busy),
         overcommits: sh.overcommits,
         prediction: Prediction::new(&predicted, &ttft),
+        refused_requests: 0,
+        client_retries: 0,
+        gave_up: 0,
     };
     PolicyRun {
         report,

@@ -9,13 +9,14 @@
 //! longest prefix, so every boundary is offered.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 
 use crate::candidate::{Candidate, Tier};
-use crate::chunk::{ChunkDescriptor, plan_chunks};
+use crate::chunk::{ChunkDescriptor, PrefixHash, RESTORE_FETCH_WINDOW, plan_chunks};
 use crate::chunk_catalog::{ChunkCatalog, ChunkEntry};
 use crate::engine_plan::{EnginePlan, price, replay};
 use crate::ids::{ModelFingerprint, RouteId};
-use crate::observation::Observation;
+use crate::observation::{GpuPrefix, Observation};
 use crate::request::GenerationRequest;
 
 /// Build every candidate for `request` from `observations` and `catalog`.
@@ -31,9 +32,11 @@ pub fn candidates_for<'a>(
 ) -> Vec<Candidate> {
     let plan = plan_chunks(request.processed_tokens(), chunk_size);
     let run = catalog.matched_run(&request.model, &plan);
+    let by_hash: HashMap<PrefixHash, usize> =
+        plan.iter().enumerate().map(|(i, d)| (d.hash, i)).collect();
     let mut out = Vec::new();
     for obs in observations {
-        let mut mine = worker_candidates(request, &plan, &run, obs, catalog);
+        let mut mine = worker_candidates(request, &plan, &by_hash, &run, obs, catalog);
         if let Some(engine) = &obs.engine {
             price_all(engine, request, &mut mine);
         }
@@ -68,6 +71,7 @@ pub fn price_shape(engine: &EnginePlan, input: u32, processed: u32, candidates: 
 fn worker_candidates(
     request: &GenerationRequest,
     plan: &[ChunkDescriptor],
+    by_hash: &HashMap<PrefixHash, usize>,
     run: &[(&ChunkDescriptor, &ChunkEntry)],
     obs: &Observation,
     catalog: &ChunkCatalog,
@@ -77,18 +81,7 @@ fn worker_candidates(
         return vec![base];
     }
     // GPU residency is purely an observation: no catalog entry needed.
-    let resident = plan.iter().filter_map(|d| {
-        obs.gpu_prefixes
-            .iter()
-            .find(|p| {
-                p.model == request.model && p.prefix_hash == d.hash && p.token_count == d.end()
-            })
-            .map(|p| ResidentPrefix {
-                end_tokens: d.end(),
-                bytes: p.bytes,
-                continuation_id: Some(p.continuation_id.clone()),
-            })
-    });
+    let resident = resident_prefixes(request, plan, by_hash, &obs.gpu_prefixes);
     // The catalogued run from a chunk start, while this worker can load each chunk: from
     // the root it is the request's (matched once for every worker).
     let chunks_from = |start: u32| {
@@ -104,17 +97,56 @@ fn worker_candidates(
         };
         (0..run.len()).map_while(move |i| {
             let (d, entry) = *run.get(i)?;
-            let (tier, load_ms) = fastest_source(obs, catalog, &request.model, entry)?;
+            let (tier, fixed_ms, load_ms) = fastest_source(obs, catalog, &request.model, entry)?;
             Some(DurableChunk {
                 end_tokens: d.end(),
                 bytes: entry.bytes,
                 tier,
+                fixed_ms,
                 load_ms,
             })
         })
     };
     let rate = obs.gpu_restore_bytes_per_ms;
     alternatives(base, resident, chunks_from, |bytes| bytes as f64 / rate)
+}
+
+/// The planned boundaries `advertised` holds, in plan order, each with the first
+/// advertisement of exactly that boundary (model, hash and length). One pass over the
+/// advertisements: a worker with a large pool advertises thousands of boundaries, and
+/// a lookup per planned chunk made candidate building quadratic in them.
+fn resident_prefixes(
+    request: &GenerationRequest,
+    plan: &[ChunkDescriptor],
+    by_hash: &HashMap<PrefixHash, usize>,
+    advertised: &[GpuPrefix],
+) -> Vec<ResidentPrefix> {
+    if advertised.is_empty() {
+        return Vec::new();
+    }
+    let mut found: Vec<Option<&GpuPrefix>> = vec![None; plan.len()];
+    for p in advertised {
+        let Some(&i) = by_hash.get(&p.prefix_hash) else {
+            continue;
+        };
+        if let (Some(slot @ None), Some(d)) = (found.get_mut(i), plan.get(i))
+            && p.token_count == d.end()
+            && p.model == request.model
+        {
+            *slot = Some(p);
+        }
+    }
+    plan.iter()
+        .zip(found)
+        .filter_map(|(d, p)| {
+            let p = p?;
+            Some(ResidentPrefix {
+                end_tokens: d.end(),
+                bytes: p.bytes,
+                continuation_id: Some(p.continuation_id.clone()),
+            })
+        })
+        .collect()
 }
 
 /// A prefix boundary whose KV is resident in a worker's GPU pool.
@@ -135,7 +167,11 @@ pub struct DurableChunk {
     pub bytes: u64,
     /// The tier it loads from (its fastest source).
     pub tier: Tier,
-    /// What loading this chunk into host RAM adds, ms (0 from RAM).
+    /// A fetch's latency from `tier`, ms (the worker's reported `tier_fixed_ms`). A walk
+    /// pays it once per [`RESTORE_FETCH_WINDOW`] chunks from one tier: the worker keeps
+    /// that many fetches of a restore in flight.
+    pub fixed_ms: f64,
+    /// What streaming this chunk's bytes into host RAM adds, ms (0 from RAM).
     pub load_ms: f64,
 }
 
@@ -191,8 +227,16 @@ fn walk(
     let mut load_ms = 0.0;
     let mut bytes = 0u64;
     let mut slowest = Tier::Ram;
+    // Chunks fetched so far per tier, by `Tier::lower_rank`.
+    let mut fetched = [0usize; 6];
     for chunk in chunks {
         load_ms += chunk.load_ms;
+        if let Some(n) = fetched.get_mut(usize::from(chunk.tier.lower_rank())) {
+            if *n % RESTORE_FETCH_WINDOW == 0 {
+                load_ms += chunk.fixed_ms;
+            }
+            *n += 1;
+        }
         bytes += chunk.bytes;
         if chunk.tier.lower_rank() > slowest.lower_rank() {
             slowest = chunk.tier;
@@ -245,7 +289,7 @@ fn fastest_source(
     catalog: &ChunkCatalog,
     model: &ModelFingerprint,
     entry: &ChunkEntry,
-) -> Option<(Tier, f64)> {
+) -> Option<(Tier, f64, f64)> {
     let mut sources: Vec<Tier> = catalog
         .local_tiers(&obs.node, model, entry.hash)
         .map(|t| {
@@ -263,10 +307,12 @@ fn fastest_source(
         .filter_map(|tier| {
             let throughput = *obs.tier_throughput_bytes_per_ms.get(&tier)?;
             let fixed = obs.tier_fixed_ms.get(&tier).copied().unwrap_or(0.0);
-            Some((tier, fixed + entry.bytes as f64 / throughput))
+            Some((tier, fixed, entry.bytes as f64 / throughput))
         })
+        // One chunk alone: a tier's latency counts in full.
         .min_by(|a, b| {
-            a.1.total_cmp(&b.1)
+            (a.1 + a.2)
+                .total_cmp(&(b.1 + b.2))
                 .then_with(|| a.0.lower_rank().cmp(&b.0.lower_rank()))
         })
 }
@@ -406,6 +452,43 @@ mod tests {
             .find(|s| s.candidate.tier == Tier::Object && s.candidate.cached_token_count == 4)
             .map(|s| s.estimate.ttft_ms);
         assert!(object4.is_some_and(|t| close(t, 221.6)), "{object4:?}");
+    }
+
+    #[test]
+    fn a_tiers_fetch_latency_is_paid_once_per_window_of_concurrent_fetches() {
+        // 70 chunks on SSD at 10 ms a fetch + 0.2 ms of bytes each. The worker keeps 32
+        // fetches in flight, so the latency is paid by chunks 1, 33 and 65: boundary k
+        // loads in 0.2 k + 10 ⌈k / 32⌉ ms, not 10.2 k.
+        let tokens: Vec<u32> = (1..=141).collect();
+        let request = GenerationRequest::new("r", MODEL, tokens, 1).unwrap();
+        let (_, mut obs, _) = fixture();
+        obs.tier_fixed_ms.insert(Tier::Ssd, 10.0);
+        let mut catalog = ChunkCatalog::default();
+        for d in plan_chunks(request.processed_tokens(), 2) {
+            catalog.publish(ChunkEntry {
+                model: MODEL.into(),
+                hash: d.hash,
+                parent: d.parent,
+                start: d.start,
+                token_count: d.token_count,
+                bytes: 200,
+                object: false,
+            });
+            catalog.add_replica("node-w".into(), MODEL.into(), d.hash, Tier::Ssd);
+        }
+        let all = candidates_for(&request, 2, [&obs], &catalog);
+        let load = |chunks: u32| {
+            all.iter()
+                .find(|c| c.tier == Tier::Ssd && c.cached_token_count == 2 * chunks)
+                .map(|c| c.prefix_load_ms)
+        };
+        for (k, want) in [(1, 10.2), (32, 16.4), (33, 26.6), (64, 32.8), (65, 43.0)] {
+            let got = load(k);
+            assert!(
+                got.is_some_and(|g| close(g, want)),
+                "{k} chunks: {got:?}, want {want}"
+            );
+        }
     }
 
     #[test]

@@ -4,7 +4,9 @@
 //!   pool pages by state, assignments, restore verification counters…), `GET /healthz`.
 //! - Fault injection (`--fault-admin`, loopback only, **tests only**): `POST
 //!   /fault/drop-inbound?on=true|false` (directed partition router → worker), `POST
-//!   /fault/restore-delay?ms=N` (slow restores), `POST /fault/evict-resident` (evict every
+//!   /fault/restore-delay?ms=N` (slow restores), `POST /fault/fetch-delay?ms=N` (every
+//!   tier read of a restore that much slower: a remote store's latency), `POST
+//!   /fault/evict-resident` (evict every
 //!   evictable resident route, so the next request restores from a tier), `POST
 //!   /fault/outbound?mode=none|duplicate|reorder|delay[&ms=N]` (frames to the router
 //!   sent twice, in swapped pairs, or late), plus `GET
@@ -65,6 +67,7 @@ pub async fn serve_faults(
     let app = Router::new()
         .route("/fault/drop-inbound", post(drop_inbound))
         .route("/fault/restore-delay", post(restore_delay))
+        .route("/fault/fetch-delay", post(fetch_delay))
         .route("/fault/outbound", post(outbound))
         .route("/fault/evict-resident", post(evict_resident))
         .route("/status", get(status))
@@ -130,6 +133,21 @@ async fn restore_delay(
     s.faults.set_restore_delay_ms(ms);
     tracing::warn!(ms, "fault injection: delaying every restored chunk");
     Json(serde_json::json!({ "restore_delay_ms": ms })).into_response()
+}
+
+async fn fetch_delay(
+    State(s): State<AdminState>,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Response {
+    let Some(ms) = q.get("ms").and_then(|v| v.parse::<u64>().ok()) else {
+        return bad("give ?ms=N (milliseconds added to every chunk fetch of a restore)");
+    };
+    s.faults.set_fetch_delay_ms(ms);
+    tracing::warn!(
+        ms,
+        "fault injection: delaying every chunk fetch of a restore"
+    );
+    Json(serde_json::json!({ "fetch_delay_ms": ms })).into_response()
 }
 
 async fn outbound(

@@ -6,6 +6,8 @@
 //!   router → worker; heartbeats and results still flow out);
 //! - `restore_delay_ms`: sleep this long before scattering each restored chunk (to kill or
 //!   pause a worker in the middle of a restore);
+//! - `fetch_delay_ms`: every chunk fetch of a restore waits this long before it reads
+//!   (a remote store's latency; fetches of one restore overlap, see `worker::fetch`);
 //! - `outbound`: what happens to frames on their way to the router: each sent twice
 //!   (duplicated), each pair swapped (reordered), or each held back a while (late).
 
@@ -40,6 +42,7 @@ impl Outbound {
 pub struct Faults {
     drop_inbound: AtomicBool,
     restore_delay_ms: AtomicU64,
+    fetch_delay_ms: AtomicU64,
     outbound: AtomicU8,
     outbound_delay_ms: AtomicU64,
 }
@@ -59,6 +62,14 @@ impl Faults {
 
     pub fn set_restore_delay_ms(&self, ms: u64) {
         self.restore_delay_ms.store(ms, Ordering::Relaxed);
+    }
+
+    pub fn fetch_delay_ms(&self) -> u64 {
+        self.fetch_delay_ms.load(Ordering::Relaxed)
+    }
+
+    pub fn set_fetch_delay_ms(&self, ms: u64) {
+        self.fetch_delay_ms.store(ms, Ordering::Relaxed);
     }
 
     pub fn outbound(&self) -> Outbound {

@@ -20,6 +20,7 @@ pub mod admin;
 pub mod device;
 pub mod epoch;
 pub mod faults;
+pub mod fetch;
 pub mod identity;
 pub mod link;
 pub mod meters;

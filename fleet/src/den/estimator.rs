@@ -1,9 +1,8 @@
-//! den's candidates and the inputs of their estimate. `--den router` (what den-agent
-//! runs) builds them with the router's own builder
-//! (`den_protocol::candidate_generation::alternatives`) over what each simulated worker
-//! holds and prices them with the router's own function; the study steps (v1 … v6) keep
-//! their own walk over a prefix that mixes tiers, with the queue (pending-work sum or a
-//! replay of the engine plan), the imposed delay, the capacity wait and link backlogs.
+//! The study steps' candidates and the inputs of their estimate (v1 … v6): their own
+//! walk over a prefix that mixes tiers, with the queue (pending-work sum or a replay of
+//! the engine plan), the imposed delay, the capacity wait and link backlogs. What
+//! den-agent runs (`--den router`) builds nothing here: it is den-agent's router node
+//! itself ([`super::NodePolicy`]).
 
 use super::{DenOptions, DenWorker, QueueModel, Shape};
 use crate::cost::CostModel;
@@ -11,7 +10,6 @@ use crate::load::WorkerLoad;
 use crate::plan::replay;
 use crate::worker::Source;
 use den_protocol::candidate::{Candidate, Tier, TransferCapabilities, pages_for};
-use den_protocol::candidate_generation::{DurableChunk, ResidentPrefix, alternatives, price_shape};
 use den_protocol::engine_plan::price;
 use den_protocol::ids::{Epoch, WorkerId};
 
@@ -37,9 +35,6 @@ pub fn priced_candidates(
     cost: &CostModel,
     opts: &DenOptions,
 ) -> Vec<(Candidate, f64)> {
-    if opts.router_pricing {
-        return router_priced(shape, w, cost, opts);
-    }
     let pricer = Pricer::new(shape, &w.load, cost, opts);
     let mut base = base_candidate(shape, w.id.clone(), &w.load, cost, opts);
     let base_delay = pricer.price(&mut base);
@@ -76,99 +71,6 @@ pub fn priced_candidates(
         }
     }
     out
-}
-
-/// den-agent's router: the router's own candidate builder
-/// ([`den_protocol::candidate_generation::alternatives`]) over what this worker holds —
-/// each boundary of its root-contiguous GPU-resident run, each boundary of the prefix its
-/// lower tiers hold from the root, and each boundary of the lower-tier tail after the
-/// resident run — priced by the router's own function against the engine plan the
-/// worker reports.
-fn router_priced(
-    shape: &Shape,
-    w: &DenWorker,
-    cost: &CostModel,
-    opts: &DenOptions,
-) -> Vec<(Candidate, f64)> {
-    let base = base_candidate(shape, w.id.clone(), &w.load, cost, opts);
-    let mut end = 0u32;
-    let resident = w
-        .sources
-        .iter()
-        .zip(shape.block_tokens)
-        .map_while(|(src, &tokens)| {
-            (*src == Some(Source::Gpu)).then(|| {
-                end += tokens;
-                ResidentPrefix {
-                    end_tokens: end,
-                    bytes: cost.kv_bytes(end as u64),
-                    continuation_id: None,
-                }
-            })
-        })
-        .collect::<Vec<_>>();
-    let mut out = alternatives(
-        base,
-        resident,
-        |start| durable_walk(w, shape, cost, start),
-        |bytes| cost.pcie_us(bytes) as f64 / 1000.0,
-    );
-    // Every simulated worker reports its engine plan (batched or den's synthetic
-    // engine, on den's scheduler): priced by the replay, then the work offered since the
-    // last heartbeat added, in the router's order (`RouterNode::submit`).
-    price_shape(
-        &w.load.plan,
-        shape.input_tokens,
-        shape.processed(),
-        &mut out,
-    );
-    if w.load.unreflected_ms != 0.0 {
-        for c in &mut out {
-            c.queue_ms = (c.queue_ms + w.load.unreflected_ms).max(0.0);
-        }
-    }
-    out.into_iter()
-        .map(|c| {
-            let delay = c.imposed_ms;
-            (c, delay)
-        })
-        .collect()
-}
-
-/// The lower-tier chunks of `w` from the block starting at token `start` on, as long as
-/// each has a source: the simulated worker's loads (per tier a fixed cost once plus bytes
-/// / throughput, the cost model's) given to the builder chunk by chunk as increments.
-fn durable_walk(w: &DenWorker, shape: &Shape, cost: &CostModel, start: u32) -> Vec<DurableChunk> {
-    let mut skipped = 0u32;
-    let from = shape
-        .block_tokens
-        .iter()
-        .take_while(|&&t| {
-            let before = skipped < start;
-            skipped += t;
-            before
-        })
-        .count();
-    let mut walk = Walk::default();
-    let mut loaded = 0.0;
-    w.durable
-        .iter()
-        .zip(shape.block_tokens)
-        .skip(from)
-        .map_while(|(src, &tokens)| {
-            let src = (*src)?;
-            walk.add(src, tokens, cost);
-            let now = walk.load_ms(cost, None);
-            let chunk = DurableChunk {
-                end_tokens: start + walk.tokens,
-                bytes: cost.kv_bytes(tokens as u64),
-                tier: tier_of(src),
-                load_ms: now - loaded,
-            };
-            loaded = now;
-            Some(chunk)
-        })
-        .collect()
 }
 
 /// Prices one worker's candidates for one request: v6 replays the engine plan with the

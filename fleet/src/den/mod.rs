@@ -1,50 +1,54 @@
-//! den's routing policy in the fleet simulator: the real router's machinery.
+//! den's routing policy in the fleet simulator.
 //!
-//! For every worker the policy builds [`Candidate`]s exactly as spec §6.1 describes —
-//! recompute, the GPU-resident prefix, and durable alternatives per chain boundary from
-//! RAM, SSD or the object store — with costs from the worker's observation, then calls
-//! [`rank_shape`] (the same `estimate`/`rank` the router and worker use) and takes the
-//! first feasible candidate. The worker then executes that exact plan: the chosen
-//! worker, reusing exactly the chosen prefix.
+//! `--den router` (the default) is den-agent's router itself: its [`RouterNode`] driven
+//! by the simulated workers' frames ([`NodePolicy`], in `node`). Nothing about that
+//! decision is written twice: the node builds, prices and ranks the candidates, keeps
+//! the in-flight ledger and the speculative prefixes, and makes the offer.
 //!
-//! Two documented extensions of §6.1, both inside the estimator's inputs:
-//! - the durable walk treats GPU-resident blocks as a zero-cost source (a paged pool
-//!   keeps them in place), so "GPU prefix + RAM/SSD suffix" is one alternative;
+//! The study steps (`--den v1` … `v6`, experiments, never what den-agent runs) keep
+//! their own estimator: for every worker they build [`Candidate`]s as spec §6.1
+//! describes — recompute, the GPU-resident prefix, and durable alternatives per chain
+//! boundary from RAM, SSD or the object store — with costs from the worker's load, then
+//! call [`rank_shape`] and take the first feasible candidate. Two extensions of §6.1 in
+//! the study's estimator inputs:
+//! - the durable walk treats GPU-resident blocks as a zero-cost source, so "GPU prefix +
+//!   RAM/SSD suffix" is one alternative;
 //! - boundaries that cannot win are pruned: within a run of blocks from one tier, the
 //!   estimate as a function of the boundary is linear or concave on each side of the
-//!   point where the load overtakes the queue (each block adds the same load and restore
-//!   and saves at least as much attention as the one before), so its minimum lies at the
-//!   run's first or last boundary or next to that crossing; only those are emitted, and
-//!   the winner is the same as with every boundary.
+//!   point where the load overtakes the queue, so its minimum lies at the run's first or
+//!   last boundary or next to that crossing; only those are emitted.
 //!
-//! The queue estimate ([`QueueModel`]) is where den's load prediction lives; from v6 it
-//! replays each worker's engine plan ([`crate::plan`]) with the request added.
+//! The study's queue estimate ([`QueueModel`]) is where its load prediction lives; from
+//! v6 it replays each worker's engine plan ([`crate::plan`]) with the request added.
 //! From v5 the ranking is by *fleet cost*: the request's own predicted TTFT plus the
-//! delay it would add to the requests already pending on that worker (mean TTFT is
-//! their sum). The prediction reported and recorded stays the request's own.
+//! delay it would add to the requests already pending on that worker.
 //!
-//! Layout: [`DenOptions`] (the iteration steps) in `options`, the candidate builder and
-//! its pricing (queue, imposed delay, capacity wait) in `estimator`, the policy and the
-//! ranking here.
+//! Layout: [`DenOptions`] (the iteration steps) in `options`, the study's candidate
+//! builder and pricing in `estimator`, den-agent's router node in `node`, the policy and
+//! the study's ranking here.
+//!
+//! [`RouterNode`]: den_protocol::router_node::RouterNode
 
 mod estimator;
+mod node;
 mod options;
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::cost::CostModel;
+use super::cost::{CostModel, Micros};
 use super::load::WorkerLoad;
 use super::policy::{FleetView, Policy, Route, RouteRequest};
 use super::worker::{Reuse, Source};
-use den_protocol::candidate::{Candidate, Scored, Tier, added_work_ms, offer_order, rank_shape};
+use den_protocol::candidate::{Candidate, Scored, added_work_ms, offer_order, rank_shape};
 use den_protocol::ids::WorkerId;
 
 pub use estimator::{candidates, imposed_ms, prefill_ms_per_token, priced_candidates, queue_ms};
+pub use node::NodePolicy;
 pub use options::{DenOptions, QueueModel};
 
-/// One worker as den's candidate builder sees it for one request.
+/// One worker as a study step's candidate builder sees it for one request.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DenWorker {
     pub id: WorkerId,
@@ -52,24 +56,11 @@ pub struct DenWorker {
     /// For each prompt block (root first), the fastest tier it can be reused from on this
     /// worker; `None` ends the reusable prefix.
     pub sources: Vec<Option<Source>>,
-    /// For each prompt block, the fastest lower tier (RAM, SSD, object) it can be restored
-    /// from, GPU residency aside: den's worker restores a lower-tier prefix whole.
-    pub durable: Vec<Option<Source>>,
 }
 
 impl DenWorker {
-    /// A worker whose GPU-resident blocks have no lower-tier copy.
     pub fn new(id: WorkerId, load: WorkerLoad, sources: Vec<Option<Source>>) -> DenWorker {
-        let durable = sources
-            .iter()
-            .map(|s| s.filter(|s| *s != Source::Gpu))
-            .collect();
-        DenWorker {
-            id,
-            load,
-            sources,
-            durable,
-        }
+        DenWorker { id, load, sources }
     }
 }
 
@@ -115,15 +106,24 @@ pub struct StudyDecision {
     pub measured_ttft_ms: Option<f64>,
 }
 
-/// den's policy.
-#[derive(Debug, Clone, Default)]
+/// den's policy: den-agent's router node ([`NodePolicy`]) with the default options
+/// (`--den router`), or a study step's estimator (`--den v1` … `v6`).
+#[derive(Debug, Default)]
 pub struct DenPolicy {
     pub options: DenOptions,
+    /// `Some` exactly when `options` are den-agent's router's.
+    node: Option<NodePolicy>,
 }
 
 impl DenPolicy {
     pub fn new(options: DenOptions) -> DenPolicy {
-        DenPolicy { options }
+        let node = options.router_pricing.then(NodePolicy::new);
+        DenPolicy { options, node }
+    }
+
+    /// den-agent's router node, when this policy is it (after the first request).
+    pub fn node(&self) -> Option<&den_protocol::router_node::RouterNode> {
+        self.node.as_ref().and_then(NodePolicy::node)
     }
 }
 
@@ -133,6 +133,9 @@ impl Policy for DenPolicy {
     }
 
     fn route(&mut self, request: &RouteRequest, fleet: &FleetView) -> Route {
+        if let Some(node) = &mut self.node {
+            return node.route(request, fleet);
+        }
         let cap = request.blocks.len().saturating_sub(1);
         let block_tokens: Vec<u32> = request
             .blocks
@@ -149,16 +152,6 @@ impl Policy for DenPolicy {
                     .take(cap)
                     .map(|&b| fleet.source(w, b))
                     .collect(),
-                durable: if self.options.router_pricing {
-                    request
-                        .blocks
-                        .iter()
-                        .take(cap)
-                        .map(|&b| fleet.durable_source(w, b))
-                        .collect()
-                } else {
-                    Vec::new()
-                },
             })
             .collect();
         let shape = Shape {
@@ -195,28 +188,23 @@ impl Policy for DenPolicy {
         ));
         Route {
             worker,
-            // den's own worker (the synthetic and measured profiles) restores a
-            // lower-tier prefix whole; the H100 deployment's engine reuses whatever
-            // its tiers hold, GPU blocks included, whatever the router priced.
-            reuse: if self.options.router_pricing
-                && fleet.cost.synthetic.is_some()
-                && matches!(
-                    decision.chosen.candidate.tier,
-                    Tier::Ram | Tier::Ssd | Tier::Object
-                ) {
-                Reuse::Restore {
-                    resident: blocks_for(
-                        &block_tokens,
-                        decision.chosen.candidate.resident_tokens(),
-                    ),
-                    blocks,
-                }
-            } else {
-                Reuse::Blocks(blocks)
-            },
+            reuse: Reuse::Blocks(blocks),
             predicted_ttft_ms,
             added_work_ms,
             record,
+            retry_after_us: None,
+        }
+    }
+
+    fn heartbeat(&mut self, w: usize, fleet: &FleetView) {
+        if let Some(node) = &mut self.node {
+            node.heartbeat(w, fleet);
+        }
+    }
+
+    fn finished(&mut self, w: usize, r: usize, now: Micros) {
+        if let Some(node) = &mut self.node {
+            node.finished(w, r, now);
         }
     }
 }
@@ -233,15 +221,20 @@ pub struct Decision {
     pub capacity_fallback: bool,
 }
 
-/// Builds every worker's candidates, ranks them with [`rank_shape`] and picks the first
-/// feasible one (or, when the pool is full everywhere, the best ignoring capacity).
-/// `None` only when there are no workers.
+/// A study step's decision: builds every worker's candidates with the study estimator,
+/// ranks them with [`rank_shape`] and picks the first feasible one (or, when the pool is
+/// full everywhere, the best ignoring capacity). `None` when there are no workers — and
+/// for [`DenOptions::router`], whose decisions only den-agent's router node makes
+/// ([`NodePolicy`]): there is no second estimate of the shipped policy.
 pub fn decide(
     shape: &Shape,
     workers: &[DenWorker],
     cost: &CostModel,
     opts: &DenOptions,
 ) -> Option<Decision> {
+    if opts.router_pricing {
+        return None;
+    }
     let mut imposed: BTreeMap<(WorkerId, u32), f64> = BTreeMap::new();
     let mut all: Vec<Candidate> = Vec::new();
     for w in workers {

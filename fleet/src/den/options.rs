@@ -41,10 +41,8 @@ pub struct DenOptions {
     /// worker's engine plan with the request added ([`crate::plan`]).
     #[serde(default)]
     pub replay: bool,
-    /// den-agent's router: candidates priced by `den_protocol::candidate_generation::
-    /// price_shape` against the engine plan a batching worker reports (queue, own
-    /// prefill and imposed delay from the replay), else by the reported `queue_ms` and
-    /// per-token cost (den's serial synthetic engine reports no plan).
+    /// den-agent's router: the policy is `den_protocol::router_node::RouterNode`
+    /// itself ([`super::NodePolicy`]); the study fields above are not read.
     #[serde(default)]
     pub router_pricing: bool,
 }
@@ -109,10 +107,9 @@ impl DenOptions {
         }
     }
 
-    /// The estimate den-agent's router computes from heartbeats (`candidate::estimate`
-    /// on the worker's reported queue, prefill cost and first-token cost, tiers priced
-    /// by bytes over throughput; ranked by the request's own predicted TTFT): what the
-    /// simulator runs to be compared with real agents on the synthetic profile.
+    /// den-agent's router: the policy is its router node itself
+    /// (`den_protocol::router_node::RouterNode`, driven by the simulated workers'
+    /// heartbeats, publications and results); the other fields are not read.
     pub fn router() -> DenOptions {
         DenOptions {
             queue: QueueModel::Reported,
@@ -140,7 +137,7 @@ impl DenOptions {
     /// What the `den` rows of a report are, in one line.
     pub fn describe(&self) -> &'static str {
         if *self == DenOptions::router() {
-            "den = den-agent's router: den_protocol::candidate_generation::price_shape over the engine plans workers report (--den router)"
+            "den = den-agent's router: its RouterNode, fed the simulated workers' heartbeats (engine plans, pool, GPU prefixes), publications and results (--den router)"
         } else {
             "den = a STUDY STEP of the policy (--den vN), not what den-agent's router runs (that is --den router, the default)"
         }

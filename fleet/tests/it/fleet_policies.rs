@@ -169,7 +169,7 @@ fn den_prefers_a_warm_ram_prefix_on_an_idle_worker_to_a_busy_gpu() {
         den_worker("busy", busy, vec![Some(Source::Gpu); 15]),
         den_worker("warm", idle, vec![Some(Source::Ram); 15]),
     ];
-    let d = decide(&shape, &workers, &cost, &DenOptions::default()).unwrap();
+    let d = decide(&shape, &workers, &cost, &DenOptions::v6()).unwrap();
     assert_eq!(d.chosen.candidate.worker_id.as_str(), "warm");
     assert_eq!(d.chosen.candidate.tier, Tier::Ram);
     assert_eq!(d.chosen.candidate.cached_token_count, 15 * 512);
@@ -190,7 +190,7 @@ fn den_prefers_a_warm_ram_prefix_on_an_idle_worker_to_a_busy_gpu() {
             vec![Some(Source::Ram); 15],
         ),
     ];
-    let d = decide(&shape, &workers, &cost, &DenOptions::default()).unwrap();
+    let d = decide(&shape, &workers, &cost, &DenOptions::v6()).unwrap();
     assert_eq!(d.chosen.candidate.worker_id.as_str(), "gpu");
 }
 
@@ -249,79 +249,6 @@ fn den_candidates_cover_recompute_gpu_and_each_tier_run() {
         ssd.prefix_load_ms,
         cost.nvme_us(2 * 512 * cost.kv_bytes_per_token) as f64 / 1000.0
     );
-}
-
-#[test]
-fn den_router_candidates_are_the_routers_gpu_run_whole_restores_and_resident_heads() {
-    // den-agent's router (the default): one GPU alternative per boundary of the resident
-    // run, one per boundary of the prefix the lower tiers hold from the root (restored
-    // whole), and one per boundary of the lower-tier tail after the resident run (the
-    // head forked, the tail restored) — here blocks 1–2 are on the GPU and also in RAM,
-    // 3–5 in RAM, 6–7 on SSD; every boundary is offered.
-    let cost = CostModel::default();
-    let tokens = [512u32; 12];
-    let shape = Shape {
-        input_tokens: 12 * 512,
-        output_tokens: 8,
-        block_tokens: &tokens,
-    };
-    use Source::{Gpu, Ram, Ssd};
-    let mut w = den_worker(
-        "w",
-        WorkerLoad::idle(cost.gpu_kv_blocks, &cost),
-        vec![
-            Some(Gpu),
-            Some(Gpu),
-            Some(Ram),
-            Some(Ram),
-            Some(Ram),
-            Some(Ssd),
-            Some(Ssd),
-        ],
-    );
-    w.durable = vec![
-        Some(Ram),
-        Some(Ram),
-        Some(Ram),
-        Some(Ram),
-        Some(Ram),
-        Some(Ssd),
-        Some(Ssd),
-    ];
-    let cs = candidates(&shape, &w, &cost, &DenOptions::router());
-    let got: Vec<(Tier, u32)> = cs
-        .iter()
-        .map(|c| (c.tier, c.cached_token_count / 512))
-        .collect();
-    let mut want = vec![(Tier::None, 0), (Tier::Gpu, 1), (Tier::Gpu, 2)];
-    want.extend((1..=5).map(|k| (Tier::Ram, k)));
-    want.extend([(Tier::Ssd, 6), (Tier::Ssd, 7)]);
-    want.extend((3..=5).map(|k| (Tier::Ram, k)));
-    want.extend([(Tier::Ssd, 6), (Tier::Ssd, 7)]);
-    assert_eq!(got, want);
-    let block = 512 * cost.kv_bytes_per_token;
-    let ram5 = &cs[7];
-    assert_eq!(ram5.prefix_load_ms, 0.0, "RAM needs no load");
-    assert_eq!(ram5.gpu_restore_ms, cost.pcie_us(5 * block) as f64 / 1000.0);
-    let ssd7 = &cs[9];
-    assert_eq!(ssd7.cached_bytes, 7 * block);
-    assert_eq!(ssd7.prefix_load_ms, cost.nvme_us(2 * block) as f64 / 1000.0);
-    assert_eq!(ssd7.gpu_restore_ms, cost.pcie_us(7 * block) as f64 / 1000.0);
-    // After the head: only the tail's bytes are loaded and uploaded.
-    let mixed7 = &cs[14];
-    assert_eq!(mixed7.resident_tokens(), 2 * 512);
-    assert_eq!(mixed7.cached_bytes, 7 * block);
-    assert_eq!(mixed7.prefix_load_ms, ssd7.prefix_load_ms);
-    assert_eq!(
-        mixed7.gpu_restore_ms,
-        cost.pcie_us(5 * block) as f64 / 1000.0
-    );
-    // Without lower-tier copies of the resident blocks there is no walk from the root,
-    // and the resident head with its tail is what is left beside the GPU run.
-    w.durable[0] = None;
-    let cs = candidates(&shape, &w, &cost, &DenOptions::router());
-    assert_eq!(cs.len(), 3 + 5);
-    assert!(cs[3..].iter().all(|c| c.resident_tokens() == 1024));
 }
 
 #[test]

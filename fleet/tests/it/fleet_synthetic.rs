@@ -369,3 +369,73 @@ impl Policy for WithReuse {
         r
     }
 }
+
+#[test]
+fn the_router_node_refuses_what_no_pool_can_hold_and_the_client_retries_after_a_second() {
+    // One worker, a 4-page pool (16 tokens). A (t=0): 13 tokens + 3 out holds all 4
+    // pages while it decodes. B (t=0.1 ms): 9 + 3 needs 3 pages, none free and nothing
+    // evictable: den-agent's router node makes no offer (503, Retry-After: 1), and the
+    // client comes back a second later, when A is long done and B runs at once. B's TTFT
+    // counts from its first arrival.
+    let w = workload(&[(0, 13, 3, &[1, 2, 3, 4]), (100, 9, 3, &[5, 6, 7])]);
+    let run = run_policy(&w, &config(4), PolicyKind::Den);
+    assert_eq!(run.report.refused_requests, 1, "{:?}", run.report);
+    assert_eq!(run.report.client_retries, 1);
+    assert_eq!(run.report.gave_up, 0);
+    assert!(run.ttft_us[0] < 10_000, "{:?}", run.ttft_us);
+    assert!(
+        (1_000_000..1_010_000).contains(&run.ttft_us[1]),
+        "{:?}",
+        run.ttft_us
+    );
+    assert_eq!(run.report.overcommits, 0);
+}
+
+#[test]
+fn dens_row_is_the_router_node_itself_fed_by_the_simulated_workers_frames() {
+    // Two workers; C repeats A's prefix after A is done. Every decision the replay
+    // carries out is one den-agent's RouterNode made: the node holds a decision record
+    // per request whose one attempt names the worker the request ran on and the prefix it
+    // reused, each request completed at the node (the workers' result frames), and C's
+    // record shows the resident prefix the heartbeats advertised.
+    use den_fleet::DenPolicy;
+    use den_protocol::candidate::Tier;
+    use den_protocol::ids::RequestId;
+    let w = workload(&[
+        (0, 13, 3, &[1, 2, 3, 4]),
+        (100, 9, 2, &[5, 6, 7]),
+        (50_000, 17, 2, &[1, 2, 3, 8, 9]),
+    ]);
+    let mut c = config(16);
+    c.workers = 2;
+    let mut policy = DenPolicy::new(DenOptions::router());
+    let run = run_with(&w, &c, &mut policy);
+    let node = policy.node().expect("den's router node routed the replay");
+    for (i, worker) in run.worker.iter().enumerate() {
+        let record = node
+            .router()
+            .record(&RequestId::new(format!("r{i}")))
+            .unwrap_or_else(|| panic!("no decision record for request {i}"));
+        assert_eq!(record.attempts.len(), 1, "{record:?}");
+        let attempt = &record.attempts[0];
+        assert_eq!(
+            attempt.worker.as_str(),
+            format!("w{worker:02}"),
+            "{record:?}"
+        );
+        assert_eq!(attempt.cached_tokens, run.reused_tokens[i], "{record:?}");
+        assert!(
+            record.outcome.is_some(),
+            "request {i} never completed at the node"
+        );
+    }
+    for w in 0..2 {
+        let id = den_fleet::policy::FleetView::worker_id(w);
+        assert_eq!(node.router().in_flight_on(&id).count(), 0, "{id:?}");
+    }
+    // C went where A's 12 prefix tokens were resident and reused them from the GPU.
+    assert_eq!(run.worker[2], run.worker[0]);
+    let c_record = node.router().record(&RequestId::new("r2")).unwrap();
+    assert_eq!(c_record.attempts[0].tier, Tier::Gpu);
+    assert_eq!(run.reused_tokens[2], 12);
+}

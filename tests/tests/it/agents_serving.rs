@@ -341,6 +341,80 @@ async fn agents_resident_head_forked_and_only_the_tail_restored() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_a_restore_fetches_its_chunks_together_while_decodes_go_on() {
+    // One worker, 16-token chunks, a RAM tier. A 100-token prompt is served and
+    // checkpointed (99 processed tokens: 6 full chunks and a partial one), then evicted from the pool, and every chunk fetch of a
+    // restore is made 300 ms slower (a remote store's latency). A decode of 400 tokens at
+    // 5 ms each streams; while it runs the prompt comes again and is restored from RAM.
+    // The restore's fetches are in flight together (off the device thread, a window at a
+    // time), and the decode keeps streaming while the restore waits for its bytes: before,
+    // the device thread read each chunk itself and no step ran until the restore was done.
+    let costs = [
+        "--prefill-ms-per-token",
+        "4",
+        "--first-token-ms",
+        "2",
+        "--decode-ms-per-token",
+        "5",
+    ];
+    let router = start_router(Some("s3cret"), &[]);
+    let worker = start_worker(&router, "w-a", true, &costs);
+    router.wait_workers(&["w-a"]).await;
+    let tokens = prompt(1, 100);
+    let first = router.generate(body("r1", &tokens, 4)).await;
+    assert_eq!(first.kind(), "completed", "{:?}", first.terminal);
+    evict_resident(&router, &worker, "w-a").await;
+    worker.fault("/fault/fetch-delay?ms=300").await;
+
+    let mut decode = router.stream(body("d", &prompt(7, 8), 400)).await;
+    loop {
+        let line = decode.next_line().await.expect("the decode's stream");
+        if line["type"] == "delta" {
+            break;
+        }
+    }
+    let sent = std::time::Instant::now();
+    let restore = async {
+        let g = router.generate(body("r2", &tokens, 4)).await;
+        (g, sent.elapsed())
+    };
+    // Each of the decode's deltas with when it arrived, until its stream ends.
+    let deltas = async {
+        let mut at = Vec::new();
+        while let Some(line) = decode.next_line().await {
+            if line["type"] == "delta" {
+                at.push(sent.elapsed());
+            }
+        }
+        at
+    };
+    let ((again, done), decoded) = tokio::join!(restore, deltas);
+    assert_eq!(again.kind(), "completed", "{:?}", again.terminal);
+    assert_eq!(again.tier(), "ram");
+    assert_eq!(again.cached_tokens(), 99, "seven chunks restored");
+    assert_eq!(again.tokens(), first.tokens(), "same prompt, same output");
+    let first_token = again.ttft.expect("the restored request's first token");
+    assert!(first_token <= done);
+    let during = decoded.iter().filter(|t| **t < first_token).count();
+    assert!(
+        during >= 10,
+        "only {during} decode tokens arrived while the restore fetched ({first_token:?}); the restore held the device"
+    );
+    assert_eq!(decoded.len(), 399, "the decode's other tokens");
+    let m = worker.metrics_text().await;
+    assert_eq!(
+        metric(&m, "den_restored_tokens_total", &[("tier", "ram")]),
+        99.0
+    );
+    assert_eq!(
+        metric(&m, "den_restore_fetches_in_flight_peak", &[]),
+        7.0,
+        "the seven fetches were in flight together"
+    );
+    assert_eq!(metric(&m, "den_restore_fetches_in_flight", &[]), 0.0);
+}
+
 /// Once `worker` is idle, evicts its resident routes and waits until the router no longer
 /// lists any of its GPU prefixes.
 async fn evict_resident(router: &Router, worker: &Worker, id: &str) {

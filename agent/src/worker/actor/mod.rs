@@ -48,6 +48,7 @@ use crate::metrics::{LATENCY_MS_BUCKETS, Metrics};
 use crate::tiers::{ChunkKey, ChunkMeta};
 use crate::worker::WorkerOptions;
 use crate::worker::device::{DeviceContext, DeviceEvent, DeviceHandle, Job};
+use crate::worker::fetch::{self, FetchContext, FetchMeter, Fetched};
 use crate::worker::link::LinkEvent;
 use crate::worker::meters::{Calibration, QueueMeter};
 use crate::worker::models::{ModelEvent, Models};
@@ -178,6 +179,11 @@ enum Internal {
         outcome: CheckpointOutcome,
     },
     Usage(BTreeMap<Tier, TierUsage>),
+    /// The next chunk of a restore's fetch (`None`: the fetch ended), for the device.
+    Fetched {
+        job: u64,
+        fetched: Option<Fetched>,
+    },
 }
 
 struct Link {
@@ -214,6 +220,8 @@ pub struct Actor {
     eager: Option<tokio::time::Instant>,
     engine: EngineState,
     switch: Option<Switch>,
+    /// Restore chunk fetches in flight (`worker::fetch`).
+    fetches: Arc<FetchMeter>,
 }
 
 /// How long an eager heartbeat waits for more changes to coalesce.
@@ -239,6 +247,7 @@ impl Actor {
             eager: None,
             engine: EngineState::initial(&parts.opts),
             switch: None,
+            fetches: Arc::default(),
             p: parts,
         }
     }
@@ -509,6 +518,10 @@ impl Actor {
                 self.on_checkpointed(route, tokens, needed, outcome);
             }
             Internal::Usage(usage) => self.tier_usage = usage,
+            Internal::Fetched { job, fetched } => {
+                // A closed device queue fails every operation already (shutdown).
+                let _ = self.p.device.submit(Job::Fetched { job, fetched });
+            }
         }
     }
 
@@ -611,11 +624,16 @@ impl Actor {
         self.p
             .queue
             .set_future(&assignment, self.still_to_queue(&op));
-        if !self.p.device.submit(Job::Op {
-            job,
-            op,
-            cancel: flag,
-        }) {
+        let submitted = if kind == OperationKind::Restore {
+            self.start_restore(job, op, flag)
+        } else {
+            self.p.device.submit(Job::Op {
+                job,
+                op,
+                cancel: flag,
+            })
+        };
+        if !submitted {
             self.p.queue.finish(job);
             let effects = self.p.machine.handle(
                 self.now(),
@@ -629,6 +647,56 @@ impl Actor {
             );
             self.apply(effects);
         }
+    }
+
+    /// A restore: the device thread is told first, then the chain's chunks are fetched
+    /// on the runtime, a window at a time, and handed to it in order (`worker::fetch`).
+    fn start_restore(&mut self, job: u64, op: Operation, cancel: Arc<AtomicBool>) -> bool {
+        let config = self.p.device_ctx.config;
+        let held = self
+            .p
+            .pool
+            .lock()
+            .route(&op.work.route)
+            .map_or(0, |r| r.token_count());
+        let chunks = fetch::restore_chunks(
+            &op.work.request,
+            op.work.candidate.cached_token_count,
+            held,
+            config.chunk_size,
+        );
+        let model = op.work.request.model.clone();
+        let stop = Arc::new(AtomicBool::new(false));
+        if !self.p.device.submit(Job::Restore {
+            job,
+            op,
+            cancel: Arc::clone(&cancel),
+            stop: Arc::clone(&stop),
+        }) {
+            return false;
+        }
+        let cx = FetchContext {
+            tiers: self.p.tiers.clone(),
+            metrics: Arc::clone(&self.p.metrics),
+            events: self.p.device_ctx.events.clone(),
+            faults: Arc::clone(&self.p.device_ctx.faults),
+            meter: Arc::clone(&self.fetches),
+            row_bytes: config.row_bytes,
+        };
+        let tx = self.internal_tx.clone();
+        tokio::spawn(async move {
+            let ended = || cancel.load(Ordering::Relaxed) || stop.load(Ordering::Relaxed);
+            fetch::fetch_in_order(&cx, &model, chunks, ended, |f| {
+                tx.send(Internal::Fetched {
+                    job,
+                    fetched: Some(f),
+                })
+                .is_ok()
+            })
+            .await;
+            let _ = tx.send(Internal::Fetched { job, fetched: None });
+        });
+        true
     }
 
     fn cancel_all(&mut self) {

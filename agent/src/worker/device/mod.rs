@@ -1,21 +1,23 @@
 //! The execution queue of one device: one OS thread that owns the page memory and runs
 //! an iteration-level batching scheduler ([`scheduler`]): each step one decode token for
-//! every running decode plus prompt rows within a token budget; restores and checkpoint
-//! captures run whole between steps, in the order they were queued (spec §3.7, §3.10).
+//! every running decode plus prompt rows within a token budget; a restore's chunks are
+//! scattered between steps as their fetches deliver them (fetched off this thread,
+//! `worker::fetch`), and checkpoint captures run whole between steps (spec §3.7, §3.10).
 //!
 //! The engine is a real model when the worker was given one (den-model's forward pass
 //! over the route's pages, sampled), else the synthetic one (model-free, see
 //! `crate::engine`, and [`scheduler`]'s `synthetic`): the same scheduler, steps really
 //! spend their declared costs on this thread, rows written into pages are the
 //! deterministic synthetic KV of (model, position, token), and output tokens are the
-//! engine's deterministic stream. Restores fetch the exact chunk chain tier by tier (ram,
-//! then ssd, then object), scatter each chunk into pages claimed from the assignment's
-//! reservation and, with `verify`, read the rows back and compare them byte-exact with
-//! recomputation. A missing, corrupt or mismatching chunk ends the restore there: the
+//! engine's deterministic stream. Restores take the exact chunk chain as the fetch
+//! delivers it, in order (each chunk from the fastest tier holding it intact), scatter each
+//! chunk into pages claimed from the assignment's reservation and, with `verify`, read the
+//! rows back and compare them byte-exact with recomputation. A missing, corrupt or mismatching chunk ends the restore there: the
 //! rest is recomputed by prefill or decode (which repair a short prefix idempotently).
 //!
 //! Cancellation is cooperative: a cancelled job that has not started is skipped, a
-//! running restore stops at the next chunk boundary after finishing the copy in hand, and
+//! running restore stops at its next chunk (its fetch stops within 10 ms even while a
+//! store is slow to answer, and says so), and
 //! a prefill or decode leaves the scheduler at the next step boundary, leaving no pending
 //! append behind. Either way its result is reported (as a failure of the same operation
 //! kind), because the worker machine releases the assignment's pages only when that
@@ -30,8 +32,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
 
-use den_protocol::candidate::Tier;
-use den_protocol::chunk::{ChunkDescriptor, plan_chunks};
+use den_protocol::chunk::ChunkDescriptor;
 use den_protocol::ids::{AssignmentId, ModelFingerprint, RouteId};
 use den_protocol::pool::{Page, PoolError, TokenSlot, TransferTicket};
 use den_protocol::request::Token;
@@ -45,8 +46,9 @@ use crate::engine::{EngineCosts, SyntheticKv};
 use crate::memory::{MemoryError, PageMemory, RowRun, TransferTotals};
 use crate::metrics::Metrics;
 use crate::model_file::{ModelFile, runner_options};
-use crate::tiers::{Chunk, ChunkKey, ChunkMeta};
+use crate::tiers::{ChunkKey, ChunkMeta};
 use crate::worker::faults::Faults;
+use crate::worker::fetch::Fetched;
 use crate::worker::meters::{Calibration, QueueMeter};
 use crate::worker::pool::SharedPool;
 use crate::worker::store::{BadReplica, Tiers};
@@ -69,12 +71,23 @@ pub struct DeviceConfig {
 
 /// A unit of work for the device thread.
 pub enum Job {
-    /// A restore, prefill or decode of an assignment.
+    /// A prefill or decode of an assignment.
     Op {
         job: u64,
         op: Operation,
         cancel: Arc<AtomicBool>,
     },
+    /// A restore of an assignment begins; its chunks follow as [`Job::Fetched`], fetched
+    /// off this thread (`worker::fetch`). The device sets `stop` when the restore ends
+    /// early, so the fetch stops too.
+    Restore {
+        job: u64,
+        op: Operation,
+        cancel: Arc<AtomicBool>,
+        stop: Arc<AtomicBool>,
+    },
+    /// The next chunk of restore `job`, in chain order; `None` when its fetch ended.
+    Fetched { job: u64, fetched: Option<Fetched> },
     /// Copy rows of leased pages out for a checkpoint.
     Capture {
         job: u64,
@@ -194,6 +207,7 @@ pub fn spawn(
                 kv: BTreeMap::new(),
                 model: engine,
                 fit,
+                restoring: BTreeMap::new(),
             };
             if let Ok(mut plan) = device.ctx.engine_plan.lock() {
                 *plan = None;
@@ -228,6 +242,17 @@ struct Device<'m, 'a> {
     model: Option<ModelEngine<'m, 'a>>,
     /// What the real model's steps cost, fitted from the steps run.
     fit: scheduler::StepFit,
+    /// Restores waiting for their chunks, by job.
+    restoring: BTreeMap<u64, Restoring>,
+}
+
+/// A restore between its start and its last chunk.
+struct Restoring {
+    op: Operation,
+    cancel: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+    /// Tokens the route holds so far.
+    restored: u32,
 }
 
 /// Why an operation stopped early.
@@ -256,32 +281,23 @@ impl Device<'_, '_> {
     fn run(&mut self, job: Job) {
         match job {
             Job::Op { job, op, cancel } => {
+                // Prefills and decodes go through the batching scheduler, restores
+                // through `Job::Restore`: never here.
                 self.ctx.queue.start(job);
-                let assignment = op.assignment().clone();
                 let outcome = if cancel.load(Ordering::Relaxed) {
                     failed(op.kind, "cancelled before it started")
                 } else {
-                    let result = match op.kind {
-                        OperationKind::Restore => self.restore(&op.work, &cancel),
-                        // Prefills and decodes go through the batching scheduler, never
-                        // here.
-                        OperationKind::Prefill | OperationKind::Decode => Err(Stop::Failed(
-                            "a prefill or decode outside the scheduler".into(),
-                        )),
-                    };
-                    match result {
-                        Ok(outcome) => outcome,
-                        Err(Stop::Cancelled) => failed(op.kind, "cancelled"),
-                        Err(Stop::Failed(detail)) => failed(op.kind, &detail),
-                    }
+                    failed(op.kind, "an operation outside the scheduler")
                 };
-                self.publish_totals();
-                self.ctx.queue.finish(job);
-                let _ = self.ctx.events.send(DeviceEvent::Done {
-                    assignment,
-                    outcome,
-                });
+                self.finish(job, &op, outcome);
             }
+            Job::Restore {
+                job,
+                op,
+                cancel,
+                stop,
+            } => self.begin_restore(job, op, cancel, stop),
+            Job::Fetched { job, fetched } => self.on_fetched(job, fetched),
             Job::Capture {
                 job,
                 pages,
@@ -301,65 +317,128 @@ impl Device<'_, '_> {
     // Operations
     // ---------------------------------------------------------------------------------
 
-    /// Restore the candidate's exact chunk chain (spec §3.9, §4.7).
-    fn restore(&mut self, work: &Work, cancel: &AtomicBool) -> Result<OperationOutcome, Stop> {
-        let request = &work.request;
-        let route = &work.route;
-        let cap = work.candidate.cached_token_count;
-        self.ensure_route(route)?;
-        let mut restored = self.route_len(route);
-        let plan = plan_chunks(request.processed_tokens(), self.ctx.config.chunk_size);
-        for d in plan.iter().filter(|d| d.end() <= cap) {
-            if d.end() <= restored {
-                continue;
+    /// A restore of the candidate's exact chunk chain begins (spec §3.9, §4.7): its route
+    /// is made ready and its chunks are scattered as their fetches deliver them
+    /// ([`Job::Fetched`]), between steps.
+    fn begin_restore(
+        &mut self,
+        job: u64,
+        op: Operation,
+        cancel: Arc<AtomicBool>,
+        stop: Arc<AtomicBool>,
+    ) {
+        self.ctx.queue.start(job);
+        if cancel.load(Ordering::Relaxed) {
+            stop.store(true, Ordering::Relaxed);
+            return self.finish(job, &op, failed(op.kind, "cancelled before it started"));
+        }
+        if let Err(e) = self.ensure_route(&op.work.route) {
+            stop.store(true, Ordering::Relaxed);
+            return self.finish(job, &op, stopped(op.kind, e));
+        }
+        let restored = self.route_len(&op.work.route);
+        self.restoring.insert(
+            job,
+            Restoring {
+                op,
+                cancel,
+                stop,
+                restored,
+            },
+        );
+    }
+
+    /// The next chunk of restore `job` arrived (`None`: its fetch ended).
+    fn on_fetched(&mut self, job: u64, fetched: Option<Fetched>) {
+        let Some(r) = self.restoring.get(&job) else {
+            return; // a restore that already ended
+        };
+        let (work, cancel) = (Arc::clone(&r.op.work), Arc::clone(&r.cancel));
+        let mut restored = r.restored;
+        let outcome = if cancel.load(Ordering::Relaxed) {
+            Some(failed(OperationKind::Restore, "cancelled"))
+        } else {
+            match fetched {
+                None => Some(OperationOutcome::Restored {
+                    cached_token_count: Some(restored),
+                }),
+                Some(f) => match self.place(&work, &f, restored, &cancel) {
+                    Ok(true) => {
+                        restored = f.descriptor.end();
+                        None
+                    }
+                    // The chain broke here: what is restored stands, the rest is
+                    // recomputed.
+                    Ok(false) => Some(OperationOutcome::Restored {
+                        cached_token_count: Some(restored),
+                    }),
+                    Err(stop) => Some(stopped(OperationKind::Restore, stop)),
+                },
             }
-            if d.start != restored {
-                break;
-            }
-            if cancel.load(Ordering::Relaxed) {
-                return Err(Stop::Cancelled);
-            }
-            let Some((tier, chunk)) = self.fetch(&request.model, d) else {
-                break;
-            };
-            let delay = self.ctx.faults.restore_delay_ms();
-            if delay > 0 && !spend(Duration::from_millis(delay), cancel) {
-                return Err(Stop::Cancelled);
-            }
-            let tokens = token_range(&request.tokens, d.start, d.end())?;
-            match self.scatter(route, &request.model, d, tokens, &chunk.payload)? {
-                Ok(()) => {
-                    restored = d.end();
-                    let t = tier.as_str();
-                    self.ctx.metrics.counter_add(
-                        "den_restored_tokens_total",
-                        "Prefix tokens restored from a storage tier into pages.",
-                        &[("tier", t)],
-                        d.token_count as f64,
-                    );
-                    self.ctx.metrics.counter_add(
-                        "den_restored_chunks_total",
-                        "Chunks restored from a storage tier into pages.",
-                        &[("tier", t)],
-                        1.0,
-                    );
+        };
+        match outcome {
+            Some(outcome) => {
+                if let Some(r) = self.restoring.remove(&job) {
+                    r.stop.store(true, Ordering::Relaxed);
+                    self.finish(job, &r.op, outcome);
                 }
-                Err(Mismatch(detail)) => {
-                    tracing::error!(chunk = %d.hash, tier = tier.as_str(), "{detail}");
-                    let _ = self.ctx.events.send(DeviceEvent::BadReplica(BadReplica {
-                        key: ChunkKey::of(&request.model, d.hash),
-                        model: request.model.clone(),
-                        hash: d.hash,
-                        tier,
-                        corrupt: true,
-                    }));
-                    break;
+            }
+            None => {
+                if let Some(r) = self.restoring.get_mut(&job) {
+                    r.restored = restored;
                 }
             }
         }
-        Ok(OperationOutcome::Restored {
-            cached_token_count: Some(restored),
-        })
+    }
+
+    /// Scatters one fetched chunk after the `restored` tokens of the route; false when it
+    /// does not continue the chain there or its rows mismatch (then reported).
+    fn place(
+        &mut self,
+        work: &Work,
+        f: &Fetched,
+        restored: u32,
+        cancel: &AtomicBool,
+    ) -> Result<bool, Stop> {
+        let request = &work.request;
+        let d = &f.descriptor;
+        if d.start != restored {
+            return Ok(false);
+        }
+        let delay = self.ctx.faults.restore_delay_ms();
+        if delay > 0 && !spend(Duration::from_millis(delay), cancel) {
+            return Err(Stop::Cancelled);
+        }
+        let tokens = token_range(&request.tokens, d.start, d.end())?;
+        match self.scatter(&work.route, &request.model, d, tokens, &f.chunk.payload)? {
+            Ok(()) => {
+                let t = f.tier.as_str();
+                self.ctx.metrics.counter_add(
+                    "den_restored_tokens_total",
+                    "Prefix tokens restored from a storage tier into pages.",
+                    &[("tier", t)],
+                    d.token_count as f64,
+                );
+                self.ctx.metrics.counter_add(
+                    "den_restored_chunks_total",
+                    "Chunks restored from a storage tier into pages.",
+                    &[("tier", t)],
+                    1.0,
+                );
+                Ok(true)
+            }
+            Err(Mismatch(detail)) => {
+                tracing::error!(chunk = %d.hash, tier = f.tier.as_str(), "{detail}");
+                let _ = self.ctx.events.send(DeviceEvent::BadReplica(BadReplica {
+                    key: ChunkKey::of(&request.model, d.hash),
+                    model: request.model.clone(),
+                    hash: d.hash,
+                    tier: f.tier,
+                    corrupt: true,
+                }));
+                Ok(false)
+            }
+        }
     }
 
     /// Copy the rows of `chunks` out of `pages` (a leased route snapshot).
@@ -472,78 +551,6 @@ impl Device<'_, '_> {
                 Ok(check(memory, &runs))
             },
         )
-    }
-
-    // ---------------------------------------------------------------------------------
-    // Tiers
-    // ---------------------------------------------------------------------------------
-
-    /// The chunk `d` of `model` from the fastest tier that has an intact copy of exactly
-    /// that chunk; missing and corrupt replicas are reported.
-    fn fetch(&mut self, model: &ModelFingerprint, d: &ChunkDescriptor) -> Option<(Tier, Chunk)> {
-        let key = ChunkKey::of(model, d.hash);
-        for (tier, store) in self.ctx.tiers.ordered() {
-            match self.ctx.runtime.block_on(store.get(key)) {
-                Ok(chunk)
-                    if chunk.meta.matches(d)
-                        && chunk.meta.row_bytes == self.ctx.config.row_bytes =>
-                {
-                    return Some((tier, chunk));
-                }
-                Ok(chunk) => {
-                    tracing::warn!(
-                        tier = tier.as_str(),
-                        chunk = %d.hash,
-                        "stored chunk has another place in the chain or another row size ({} rows from {}, {} bytes per row); recomputing",
-                        chunk.meta.token_count,
-                        chunk.meta.start,
-                        chunk.meta.row_bytes
-                    );
-                    self.bad(key, model, d, tier, true);
-                }
-                Err(e) => {
-                    if e.means_recompute() {
-                        if let Some(bad) = BadReplica::from_error(&e, key, model, d.hash, tier) {
-                            if bad.corrupt {
-                                tracing::warn!(tier = tier.as_str(), "{e}");
-                            }
-                            let _ = self.ctx.events.send(DeviceEvent::BadReplica(bad));
-                        }
-                    } else {
-                        tracing::warn!(tier = tier.as_str(), "restore fetch failed: {e}");
-                    }
-                    let kind = match &e {
-                        crate::tiers::TierError::Missing { .. } => "missing",
-                        crate::tiers::TierError::Corrupt { .. } => "corrupt",
-                        _ => "error",
-                    };
-                    self.ctx.metrics.counter_add(
-                        "den_restore_fetch_failures_total",
-                        "Chunk fetches during restores that found no usable copy in a tier.",
-                        &[("tier", tier.as_str()), ("kind", kind)],
-                        1.0,
-                    );
-                }
-            }
-        }
-        None
-    }
-
-    fn bad(
-        &self,
-        key: ChunkKey,
-        model: &ModelFingerprint,
-        d: &ChunkDescriptor,
-        tier: Tier,
-        corrupt: bool,
-    ) {
-        let _ = self.ctx.events.send(DeviceEvent::BadReplica(BadReplica {
-            key,
-            model: model.clone(),
-            hash: d.hash,
-            tier,
-            corrupt,
-        }));
     }
 
     fn kv(&mut self, model: &ModelFingerprint) -> SyntheticKv {
@@ -695,6 +702,13 @@ pub fn slot_runs(slots: &[TokenSlot]) -> Vec<RowRun> {
         }
     }
     runs
+}
+
+fn stopped(kind: OperationKind, stop: Stop) -> OperationOutcome {
+    match stop {
+        Stop::Cancelled => failed(kind, "cancelled"),
+        Stop::Failed(detail) => failed(kind, &detail),
+    }
 }
 
 fn failed(kind: OperationKind, detail: &str) -> OperationOutcome {

@@ -38,7 +38,7 @@ use den_protocol::request::Token;
 use den_protocol::wire::StopReason;
 use den_protocol::worker::{Operation, OperationKind, OperationOutcome};
 
-use super::{Device, DeviceEvent, Job, PendingAppend, Stop, failed, token_range};
+use super::{Device, DeviceEvent, Job, PendingAppend, Stop, failed, stopped, token_range};
 mod fit;
 mod synthetic;
 
@@ -146,7 +146,7 @@ impl Device<'_, '_> {
         }
     }
 
-    fn finish(&mut self, job: u64, op: &Operation, outcome: OperationOutcome) {
+    pub(super) fn finish(&mut self, job: u64, op: &Operation, outcome: OperationOutcome) {
         self.publish_totals();
         self.ctx.queue.finish(job);
         let _ = self.ctx.events.send(DeviceEvent::Done {
@@ -590,13 +590,6 @@ pub(super) fn plan_step(
         room -= count;
     }
     out
-}
-
-fn stopped(kind: OperationKind, stop: Stop) -> OperationOutcome {
-    match stop {
-        Stop::Cancelled => failed(kind, "cancelled"),
-        Stop::Failed(detail) => failed(kind, &detail),
-    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,251 @@
+//! A restore's chunks fetched from the tiers off the device thread (spec §3.9, §4.7).
+//!
+//! The device thread only scatters bytes into pages; reading a chunk (a RAM copy checked
+//! by SHA-256, an SSD map, an object-store round trip) happens here, on the runtime, with
+//! [`RESTORE_FETCH_WINDOW`] fetches of one restore in flight and the results delivered in
+//! chain order. So a remote store's latency is paid once per window, not once per chunk
+//! (the router prices restores the same way), hashing runs on every core, and decode
+//! steps of other requests go on while a restore waits for its bytes.
+//!
+//! The fetch stops at the first chunk no tier has intact (the rest of the prefix is then
+//! recomputed), when its assignment is cancelled, or when the actor stops listening. Each
+//! chunk comes from the fastest tier holding an intact copy of exactly that chunk (ram,
+//! then ssd, then object); missing and corrupt replicas are reported so the catalog
+//! forgets them.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use tokio::sync::mpsc;
+
+use den_protocol::candidate::Tier;
+use den_protocol::chunk::{ChunkDescriptor, RESTORE_FETCH_WINDOW, plan_chunks};
+use den_protocol::ids::ModelFingerprint;
+use den_protocol::request::GenerationRequest;
+
+use crate::metrics::Metrics;
+use crate::tiers::{Chunk, ChunkKey, TierError};
+use crate::worker::device::DeviceEvent;
+use crate::worker::faults::Faults;
+use crate::worker::store::{BadReplica, Tiers};
+
+/// One chunk of a restore, read and verified.
+#[derive(Debug)]
+pub struct Fetched {
+    pub descriptor: ChunkDescriptor,
+    pub tier: Tier,
+    pub chunk: Chunk,
+}
+
+/// What a fetch needs of the worker.
+#[derive(Clone)]
+pub struct FetchContext {
+    pub tiers: Tiers,
+    pub metrics: Arc<Metrics>,
+    /// Where bad replicas are reported (the actor's device-event channel).
+    pub events: mpsc::UnboundedSender<DeviceEvent>,
+    pub faults: Arc<Faults>,
+    pub row_bytes: u64,
+    pub meter: Arc<FetchMeter>,
+}
+
+/// Chunk fetches of restores in flight on this worker, and the most there have been at
+/// once (`den_restore_fetches_in_flight`, `den_restore_fetches_in_flight_peak`).
+#[derive(Debug, Default)]
+pub struct FetchMeter {
+    in_flight: AtomicUsize,
+    peak: AtomicUsize,
+}
+
+impl FetchMeter {
+    fn begin(&self, metrics: &Metrics) {
+        let now = self.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
+        let peak = self.peak.fetch_max(now, Ordering::Relaxed).max(now);
+        self.export(metrics, now, peak);
+    }
+
+    fn end(&self, metrics: &Metrics) {
+        let now = self
+            .in_flight
+            .fetch_sub(1, Ordering::Relaxed)
+            .saturating_sub(1);
+        self.export(metrics, now, self.peak.load(Ordering::Relaxed));
+    }
+
+    fn export(&self, metrics: &Metrics, now: usize, peak: usize) {
+        metrics.gauge_set(
+            "den_restore_fetches_in_flight",
+            "Chunk fetches of restores in flight now.",
+            &[],
+            now as f64,
+        );
+        metrics.gauge_set(
+            "den_restore_fetches_in_flight_peak",
+            "The most chunk fetches of restores in flight at once since the worker started.",
+            &[],
+            peak as f64,
+        );
+    }
+}
+
+/// The chunks a restore of `request` up to `cap` cached tokens reads when its route
+/// already holds `held` tokens: the chain from the chunk starting at `held` to the
+/// cached boundary. Empty when no chunk starts there (a resident head that ends inside a
+/// chunk: nothing to append to it exactly).
+pub fn restore_chunks(
+    request: &GenerationRequest,
+    cap: u32,
+    held: u32,
+    chunk_size: u32,
+) -> Vec<ChunkDescriptor> {
+    let plan = plan_chunks(request.processed_tokens(), chunk_size);
+    let wanted: Vec<ChunkDescriptor> = plan
+        .into_iter()
+        .filter(|d| d.end() > held && d.end() <= cap)
+        .collect();
+    match wanted.first() {
+        Some(d) if d.start == held => wanted,
+        _ => Vec::new(),
+    }
+}
+
+/// Fetches `chunks` in order with a window of concurrent reads and hands each to
+/// `deliver`, stopping at the first chunk that cannot be had, once `stop()` says so, or
+/// when `deliver` returns false. Returns how many were delivered.
+pub async fn fetch_in_order(
+    cx: &FetchContext,
+    model: &ModelFingerprint,
+    chunks: Vec<ChunkDescriptor>,
+    stop: impl Fn() -> bool,
+    mut deliver: impl FnMut(Fetched) -> bool,
+) -> usize {
+    let mut stream = futures_util::stream::iter(chunks)
+        .map(|d| async move { fetch_one(cx, model, &d).await.map(|f| (d, f)) })
+        .buffered(RESTORE_FETCH_WINDOW);
+    let mut delivered = 0;
+    // A cancelled assignment must not wait for a slow store: ask while waiting.
+    let mut poll = tokio::time::interval(Duration::from_millis(10));
+    loop {
+        let next = tokio::select! {
+            next = stream.next() => next,
+            _ = poll.tick() => {
+                if stop() {
+                    return delivered;
+                }
+                continue;
+            }
+        };
+        let Some(Some((descriptor, (tier, chunk)))) = next else {
+            return delivered;
+        };
+        if stop() {
+            return delivered;
+        }
+        if !deliver(Fetched {
+            descriptor,
+            tier,
+            chunk,
+        }) {
+            return delivered;
+        }
+        delivered += 1;
+    }
+}
+
+/// The chunk `d` of `model` from the fastest tier with an intact copy of exactly that
+/// chunk; missing and corrupt replicas are reported.
+async fn fetch_one(
+    cx: &FetchContext,
+    model: &ModelFingerprint,
+    d: &ChunkDescriptor,
+) -> Option<(Tier, Chunk)> {
+    cx.meter.begin(&cx.metrics);
+    let got = fetch_from_tiers(cx, model, d).await;
+    cx.meter.end(&cx.metrics);
+    got
+}
+
+async fn fetch_from_tiers(
+    cx: &FetchContext,
+    model: &ModelFingerprint,
+    d: &ChunkDescriptor,
+) -> Option<(Tier, Chunk)> {
+    let key = ChunkKey::of(model, d.hash);
+    let delay = cx.faults.fetch_delay_ms();
+    if delay > 0 {
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+    }
+    for (tier, store) in cx.tiers.ordered() {
+        match store.get(key).await {
+            Ok(chunk) if chunk.meta.matches(d) && chunk.meta.row_bytes == cx.row_bytes => {
+                return Some((tier, chunk));
+            }
+            Ok(chunk) => {
+                tracing::warn!(
+                    tier = tier.as_str(),
+                    chunk = %d.hash,
+                    "stored chunk has another place in the chain or another row size ({} rows from {}, {} bytes per row); recomputing",
+                    chunk.meta.token_count,
+                    chunk.meta.start,
+                    chunk.meta.row_bytes
+                );
+                let _ = cx.events.send(DeviceEvent::BadReplica(BadReplica {
+                    key,
+                    model: model.clone(),
+                    hash: d.hash,
+                    tier,
+                    corrupt: true,
+                }));
+            }
+            Err(e) => {
+                if e.means_recompute() {
+                    if let Some(bad) = BadReplica::from_error(&e, key, model, d.hash, tier) {
+                        if bad.corrupt {
+                            tracing::warn!(tier = tier.as_str(), "{e}");
+                        }
+                        let _ = cx.events.send(DeviceEvent::BadReplica(bad));
+                    }
+                } else {
+                    tracing::warn!(tier = tier.as_str(), "restore fetch failed: {e}");
+                }
+                let kind = match &e {
+                    TierError::Missing { .. } => "missing",
+                    TierError::Corrupt { .. } => "corrupt",
+                    _ => "error",
+                };
+                cx.metrics.counter_add(
+                    "den_restore_fetch_failures_total",
+                    "Chunk fetches during restores that found no usable copy in a tier.",
+                    &[("tier", tier.as_str()), ("kind", kind)],
+                    1.0,
+                );
+            }
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_restore_reads_the_chain_from_what_the_route_holds_to_the_cached_boundary() {
+        // 41 tokens, 40 processed, chunks of 8: five chunks; 32 cached.
+        let r = GenerationRequest::new("r", "m", (1..=41).collect(), 1).unwrap();
+        let from = |held| -> Vec<u32> {
+            restore_chunks(&r, 32, held, 8)
+                .iter()
+                .map(|d| d.start)
+                .collect()
+        };
+        assert_eq!(from(0), [0, 8, 16, 24]);
+        // A forked resident head of two chunks: only the tail.
+        assert_eq!(from(16), [16, 24]);
+        // A head that ends inside a chunk: nothing can be appended to it exactly.
+        assert_eq!(from(12), Vec::<u32>::new());
+        assert_eq!(from(32), Vec::<u32>::new());
+    }
+}

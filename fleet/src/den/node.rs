@@ -1,0 +1,662 @@
+//! den's router in the fleet simulator: den-agent's own [`RouterNode`], driven through its
+//! one entry point, `handle(now, input) -> effects`, exactly as the router actor drives
+//! it — the same discovery, chunk catalog, candidate builder, pricing, ranking, offer
+//! order, in-flight ledger and speculative prefixes. Nothing here decides; it only turns
+//! the simulated workers into the frames den's workers send and the router's offers
+//! into dispatches.
+//!
+//! Each simulated worker is one connection and one node. Its frames:
+//! - **heartbeats**: an [`Observation`] of the worker — the engine plan it reports (den's
+//!   workers do), its pool's free and evictable pages, its link rates, and the GPU
+//!   prefixes it holds (the root-contiguous resident blocks). In a heartbeat-lagged run
+//!   ([`crate::Heartbeats`], what `validate` replays) they arrive when the worker's
+//!   heartbeats fire, listing every resident prefix; otherwise every worker heartbeats
+//!   just before each request, which is the current view every other policy is given, and
+//!   lists only the prefixes of that request's blocks (the only ones its candidates can
+//!   match, so the candidates are the same as with the full list, at a fraction of the
+//!   cost);
+//! - **publish / retract**: the RAM and SSD replicas a worker holds of the request's
+//!   blocks, and the object-store copies whose upload finished, delivered just before the
+//!   request (a catalog's answer for a request depends on that request's chunks only, so
+//!   this is the eager publication den's workers do, without the network delay);
+//! - **offer results**: a simulated worker queues whatever it is offered, so it accepts
+//!   at once; **results** when its last token is out.
+//!
+//! Block `b` of the workload is a chunk of the router's chain: its tokens are a fixed
+//! function of `b` ([`block_token`]), so equal block prefixes are equal token prefixes and
+//! the router hashes them as it hashes any prompt. The node's timers (offer timeouts,
+//! deadlines, heartbeat expiry) are never fired: offers are answered at once, the
+//! simulated clients wait without a deadline and workers never miss a heartbeat.
+//!
+//! den's router charges a lower tier's fixed cost (a fetch's latency) once per
+//! `RESTORE_FETCH_WINDOW` chunks, because den's worker keeps that many fetches of a restore
+//! in flight; the simulated H100 workers load a run in one request, which is the same for
+//! the runs this trace restores. A request the router refuses
+//! (no worker can hold it now) is refused in the replay too: den-agent answers 503 with
+//! `Retry-After: 1`, and the simulated client submits it again a second later (a new
+//! request id, its TTFT counted from the first arrival; the report counts refusals).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::StudyDecision;
+use crate::cache::Level;
+use crate::policy::{FleetView, Policy, Route, RouteRequest};
+use crate::trace::block_token;
+use crate::worker::Reuse;
+use den_protocol::candidate::{Scored, Tier};
+use den_protocol::chunk::{ChunkDescriptor, PrefixHash, plan_chunks};
+use den_protocol::chunk_catalog::ChunkEntry;
+use den_protocol::discovery::ConnectionId;
+use den_protocol::ids::{AssignmentId, Epoch, ModelFingerprint, NodeId, RequestId, RouteId};
+use den_protocol::observation::{GpuPrefix, Observation};
+use den_protocol::request::{GenerationRequest, Token};
+use den_protocol::router::{DeliveryKind, RouterConfig};
+use den_protocol::router_node::{NodeConfig, NodeEffect, NodeInput, Pin, RouterNode};
+use den_protocol::time::Millis;
+use den_protocol::wire::{
+    Heartbeat, OfferResult, Publish, PublishedChunk, ResultMessage, ResultStatus, Retract,
+    RetractedChunk, RouterMessage, ToRouter, WorkerResult, WorkerTimings,
+};
+
+/// The model every simulated worker serves.
+const MODEL: &str = "fleet/model";
+
+/// Host RAM as a restore source, bytes/ms: it is already in host memory (the cost model
+/// charges only the PCIe upload), so its load is ~0 — finite, as a worker would report.
+const RAM_BYTES_PER_MS: f64 = 1e12;
+
+/// den-agent's `Retry-After` on a 503 (no worker can hold the request now), µs.
+const RETRY_AFTER_US: u64 = 1_000_000;
+
+/// How often the node's housekeeping runs (record retention), ms of simulated time.
+const TICK_MS: u64 = 1_000;
+
+/// A block as a chunk of the router's chain.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct BlockChunk {
+    hash: PrefixHash,
+    parent: PrefixHash,
+    /// The block before it in its chain (`None` at the root).
+    parent_block: Option<u32>,
+    start: u32,
+    tokens: u32,
+}
+
+/// den-agent's router node over the simulated fleet (module docs).
+#[derive(Debug)]
+pub struct NodePolicy {
+    node: Option<RouterNode>,
+    model: ModelFingerprint,
+    chunk_size: u32,
+    /// Heartbeat sequence per worker.
+    sequence: Vec<u64>,
+    /// Per block: its chunk, once a request has named it.
+    chunks: Vec<Option<BlockChunk>>,
+    /// Per block: published to the catalog as in the object store.
+    in_object: Vec<bool>,
+    /// The accepted assignment of each request in flight (replay index).
+    assigned: HashMap<usize, AssignmentId>,
+    next_tick: u64,
+}
+
+impl Default for NodePolicy {
+    fn default() -> Self {
+        NodePolicy::new()
+    }
+}
+
+impl NodePolicy {
+    pub fn new() -> NodePolicy {
+        NodePolicy {
+            node: None,
+            model: ModelFingerprint(MODEL.into()),
+            chunk_size: 1,
+            sequence: Vec::new(),
+            chunks: Vec::new(),
+            in_object: Vec::new(),
+            assigned: HashMap::new(),
+            next_tick: 0,
+        }
+    }
+
+    /// The router node, once the first request created it.
+    pub fn node(&self) -> Option<&RouterNode> {
+        self.node.as_ref()
+    }
+
+    /// The node, created with one connection per worker on first use.
+    fn ensure(&mut self, fleet: &FleetView, now: Millis) -> &mut RouterNode {
+        let workers = fleet.worker_count();
+        let chunk_size = fleet.cost.block_tokens.max(1);
+        let node = self.node.get_or_insert_with(|| {
+            let mut node = RouterNode::new(NodeConfig {
+                router: RouterConfig::default(),
+                heartbeat_timeout_ms: u64::MAX / 4,
+                chunk_size,
+            });
+            for w in 0..workers {
+                let id = FleetView::worker_id(w);
+                let effects = node.handle(
+                    now,
+                    NodeInput::Connected {
+                        conn: conn(w),
+                        worker: id.clone(),
+                        node: NodeId(id.0),
+                    },
+                );
+                drop(effects); // a connection's hello asks for nothing
+            }
+            node
+        });
+        self.chunk_size = chunk_size;
+        if self.sequence.len() != workers {
+            self.sequence = vec![0; workers];
+        }
+        let blocks = fleet.block_count();
+        if self.chunks.len() < blocks {
+            self.chunks.resize(blocks, None);
+            self.in_object.resize(blocks, false);
+        }
+        node
+    }
+
+    /// Learns the chunk of each reusable block of the request (every block but the
+    /// last, whose chunk is the request's own partial one).
+    fn learn(&mut self, blocks: &[u32], plan: &[ChunkDescriptor], fleet: &FleetView) {
+        let cap = blocks.len().saturating_sub(1);
+        let mut parent_block = None;
+        for (&b, d) in blocks.iter().take(cap).zip(plan) {
+            if d.token_count != fleet.block_tokens(b) {
+                break;
+            }
+            if let Some(slot) = self.chunks.get_mut(b as usize)
+                && slot.is_none()
+            {
+                *slot = Some(BlockChunk {
+                    hash: d.hash,
+                    parent: d.parent,
+                    parent_block,
+                    start: d.start,
+                    tokens: d.token_count,
+                });
+            }
+            parent_block = Some(b);
+        }
+    }
+
+    fn entry(
+        model: &ModelFingerprint,
+        c: &BlockChunk,
+        fleet: &FleetView,
+        object: bool,
+    ) -> ChunkEntry {
+        ChunkEntry {
+            model: model.clone(),
+            hash: c.hash,
+            parent: c.parent,
+            start: c.start,
+            token_count: c.tokens,
+            bytes: fleet.cost.kv_bytes(u64::from(c.tokens)),
+            object,
+        }
+    }
+
+    /// Brings the catalog's view of the request's blocks up to what the workers hold:
+    /// each worker publishes the RAM/SSD replicas it gained and retracts those it lost,
+    /// and a finished upload is published as an object-store copy.
+    fn sync_catalog(&mut self, blocks: &[u32], fleet: &FleetView, now: Millis) {
+        let Some(node) = self.node.as_ref() else {
+            return;
+        };
+        let mut frames: Vec<(usize, ToRouter)> = Vec::new();
+        let mut object = Vec::new();
+        for &b in blocks {
+            let Some(Some(c)) = self.chunks.get(b as usize) else {
+                break;
+            };
+            if fleet.uploaded(b) && !self.in_object.get(b as usize).copied().unwrap_or(true) {
+                object.push(PublishedChunk {
+                    entry: Self::entry(&self.model, c, fleet, true),
+                    tiers: Vec::new(),
+                });
+                if let Some(flag) = self.in_object.get_mut(b as usize) {
+                    *flag = true;
+                }
+            }
+        }
+        if !object.is_empty() {
+            frames.push((0, ToRouter::Publish(Publish { chunks: object })));
+        }
+        for w in 0..fleet.worker_count() {
+            let id = FleetView::worker_id(w);
+            let node_id = NodeId(id.0);
+            let mut gained = Vec::new();
+            let mut lost = Vec::new();
+            for &b in blocks {
+                let Some(Some(c)) = self.chunks.get(b as usize) else {
+                    break;
+                };
+                let known = node.catalog().local_tiers(&node_id, &self.model, c.hash);
+                for (level, tier) in [(Level::Ram, Tier::Ram), (Level::Ssd, Tier::Ssd)] {
+                    let holds = fleet.holds(w, level, b);
+                    let listed = known.is_some_and(|t| t.contains(&tier));
+                    if holds && !listed {
+                        gained.push(PublishedChunk {
+                            entry: Self::entry(&self.model, c, fleet, false),
+                            tiers: vec![tier],
+                        });
+                    } else if listed && !holds {
+                        lost.push(RetractedChunk {
+                            model: self.model.clone(),
+                            hash: c.hash,
+                            tier,
+                        });
+                    }
+                }
+            }
+            if !gained.is_empty() {
+                frames.push((w, ToRouter::Publish(Publish { chunks: gained })));
+            }
+            if !lost.is_empty() {
+                frames.push((w, ToRouter::Retract(Retract { chunks: lost })));
+            }
+        }
+        let Some(node) = self.node.as_mut() else {
+            return;
+        };
+        for (w, frame) in frames {
+            let effects = node.handle(
+                now,
+                NodeInput::Frame {
+                    conn: conn(w),
+                    frame,
+                },
+            );
+            drop(effects); // catalog updates ask for nothing
+        }
+    }
+
+    /// Worker `w`'s heartbeat: its load as `fleet` shows it and the GPU prefixes it
+    /// holds — of `only` these blocks, or of every resident block.
+    fn heartbeat_of(&mut self, w: usize, fleet: &FleetView, only: Option<&[u32]>, now: Millis) {
+        let Some(seq) = self.sequence.get_mut(w) else {
+            return;
+        };
+        *seq += 1;
+        let mut obs = observation(w, *seq, fleet, &self.model);
+        obs.gpu_prefixes = match only {
+            Some(blocks) => self.request_prefixes(w, blocks, fleet),
+            None => self.all_prefixes(w, fleet),
+        };
+        if let Some(node) = self.node.as_mut() {
+            let frame = ToRouter::Heartbeat(Box::new(Heartbeat { observation: obs }));
+            let effects = node.handle(
+                now,
+                NodeInput::Frame {
+                    conn: conn(w),
+                    frame,
+                },
+            );
+            drop(effects); // timers (expiry) are never fired here
+        }
+    }
+
+    /// The root-contiguous GPU-resident blocks of `blocks` on worker `w`, as prefixes.
+    fn request_prefixes(&self, w: usize, blocks: &[u32], fleet: &FleetView) -> Vec<GpuPrefix> {
+        let route = route_of(w);
+        blocks
+            .iter()
+            .map_while(|&b| {
+                let c = self.chunks.get(b as usize).copied().flatten()?;
+                fleet
+                    .holds(w, Level::Gpu, b)
+                    .then(|| self.prefix(&c, &route, fleet))
+            })
+            .collect()
+    }
+
+    /// Every block resident on worker `w`'s GPU whose chain is resident from the root.
+    fn all_prefixes(&self, w: usize, fleet: &FleetView) -> Vec<GpuPrefix> {
+        let route = route_of(w);
+        let resident = fleet.gpu_blocks(w);
+        let mut rooted: HashMap<u32, bool> = HashMap::with_capacity(resident.len());
+        let mut out = Vec::new();
+        for &b in &resident {
+            if self.rooted(b, w, fleet, &mut rooted)
+                && let Some(Some(c)) = self.chunks.get(b as usize)
+            {
+                out.push(self.prefix(c, &route, fleet));
+            }
+        }
+        out
+    }
+
+    /// Whether block `b` and every block before it in its chain are on worker `w`'s GPU.
+    fn rooted(&self, b: u32, w: usize, fleet: &FleetView, memo: &mut HashMap<u32, bool>) -> bool {
+        let mut chain = Vec::new();
+        let mut at = Some(b);
+        let mut answer = true;
+        while let Some(x) = at {
+            if let Some(&known) = memo.get(&x) {
+                answer = known;
+                break;
+            }
+            let Some(Some(c)) = self.chunks.get(x as usize) else {
+                answer = false;
+                break;
+            };
+            if !fleet.holds(w, Level::Gpu, x) {
+                answer = false;
+                break;
+            }
+            chain.push(x);
+            at = c.parent_block;
+        }
+        // A break on a missing or evicted block makes it and everything after it false.
+        for x in chain {
+            memo.insert(x, answer);
+        }
+        answer
+    }
+
+    fn prefix(&self, c: &BlockChunk, route: &RouteId, fleet: &FleetView) -> GpuPrefix {
+        let end = c.start + c.tokens;
+        GpuPrefix {
+            model: self.model.clone(),
+            prefix_hash: c.hash,
+            continuation_id: route.clone(),
+            token_count: end,
+            bytes: fleet.cost.kv_bytes(u64::from(end)),
+        }
+    }
+
+    /// The node's housekeeping, once per [`TICK_MS`] of simulated time.
+    fn tick(&mut self, now: Millis) {
+        if now.0 < self.next_tick {
+            return;
+        }
+        self.next_tick = now.0 + TICK_MS;
+        if let Some(node) = self.node.as_mut() {
+            let effects = node.handle(now, NodeInput::Tick);
+            drop(effects); // retention only
+        }
+    }
+
+    /// What the explained request's record shows: each worker's best feasible
+    /// candidate in offer order, the chosen one first.
+    fn study_record(
+        &self,
+        id: &RequestId,
+        request: &RouteRequest,
+        fleet: &FleetView,
+    ) -> Option<StudyDecision> {
+        let record = self.node.as_ref()?.router().record(id)?;
+        let ranking = record.candidates.ranking();
+        let mut seen = std::collections::BTreeSet::new();
+        let ranked: Vec<Scored> = ranking
+            .feasible
+            .into_iter()
+            .filter(|s| seen.insert(s.candidate.worker_id.clone()))
+            .collect();
+        let chosen = ranked.first()?.clone();
+        Some(StudyDecision {
+            request: request.index,
+            line: request.line,
+            at_ms: fleet.now as f64 / 1000.0,
+            input_tokens: request.input_tokens,
+            output_tokens: request.output_tokens,
+            chosen,
+            imposed_ms: ranked.iter().map(|s| s.candidate.imposed_ms).collect(),
+            ranked,
+            candidates: record.candidates.len() + record.candidates_omitted,
+            infeasible: ranking.infeasible.len(),
+            capacity_fallback: false,
+            measured_ttft_ms: None,
+        })
+    }
+}
+
+impl Policy for NodePolicy {
+    fn name(&self) -> &'static str {
+        "den"
+    }
+
+    fn route(&mut self, request: &RouteRequest, fleet: &FleetView) -> Route {
+        let now = Millis(fleet.now / 1000);
+        let created = self.node.is_none();
+        self.ensure(fleet, now);
+        if created && fleet.lagged() {
+            // The heartbeats that arrived before the first request: the view's lagged
+            // loads are exactly their content.
+            for w in 0..fleet.worker_count() {
+                self.heartbeat_of(w, fleet, None, now);
+            }
+        }
+        self.tick(now);
+        let tokens = tokens_of(request.blocks, request.input_tokens, fleet);
+        let id = request_id(request);
+        let Ok(generation) = GenerationRequest::new(
+            id.clone(),
+            self.model.clone(),
+            tokens,
+            request.output_tokens.max(1),
+        ) else {
+            // An empty prompt: den's ingress refuses it; the replay still needs a worker.
+            return least_loaded(fleet);
+        };
+        let plan = plan_chunks(generation.processed_tokens(), self.chunk_size);
+        self.learn(request.blocks, &plan, fleet);
+        self.sync_catalog(request.blocks, fleet, now);
+        if !fleet.lagged() {
+            for w in 0..fleet.worker_count() {
+                self.heartbeat_of(w, fleet, Some(request.blocks), now);
+            }
+        }
+        let Some(node) = self.node.as_mut() else {
+            return least_loaded(fleet);
+        };
+        let effects = node.handle(
+            now,
+            NodeInput::Submit {
+                request: Arc::new(generation),
+                deadline: None,
+                pin: Pin::Any,
+            },
+        );
+        let offer = effects.into_iter().find_map(|e| match e {
+            NodeEffect::Send { conn, frame } => match frame.message {
+                RouterMessage::Offer(o) => Some((conn, o)),
+                _ => None,
+            },
+            _ => None,
+        });
+        let Some((conn, offer)) = offer else {
+            // No worker can hold it now: den-agent answers 503 with `Retry-After: 1`.
+            return Route {
+                retry_after_us: Some(RETRY_AFTER_US),
+                ..Route::to(0)
+            };
+        };
+        let answer = ToRouter::OfferResult(OfferResult {
+            assignment: offer.assignment.clone(),
+            worker_epoch: offer.worker_epoch,
+            accepted: true,
+            reason: None,
+        });
+        let effects = node.handle(
+            now,
+            NodeInput::Frame {
+                conn,
+                frame: answer,
+            },
+        );
+        drop(effects); // acceptance: the record and the ledger only
+        self.assigned.insert(request.index, offer.assignment);
+        let c = &offer.candidate;
+        let blocks = blocks_for(request.blocks, fleet, c.cached_token_count);
+        // den's own worker (the synthetic and measured profiles) forks the resident head
+        // a lower-tier alternative names and restores the rest; the H100 deployment's
+        // engine reuses whatever its tiers hold, whatever the router priced.
+        let reuse = if fleet.cost.synthetic.is_some()
+            && matches!(c.tier, Tier::Ram | Tier::Ssd | Tier::Object)
+        {
+            Reuse::Restore {
+                resident: blocks_for(request.blocks, fleet, c.resident_tokens()),
+                blocks,
+            }
+        } else {
+            Reuse::Blocks(blocks)
+        };
+        Route {
+            worker: usize::try_from(conn.0).unwrap_or(0),
+            reuse,
+            predicted_ttft_ms: Some(offer.estimate.ttft_ms),
+            // The node keeps its own ledger of offered work (`RouterNode::unreflected_ms`).
+            added_work_ms: None,
+            record: if request.explain {
+                self.study_record(&id, request, fleet)
+            } else {
+                None
+            },
+            retry_after_us: None,
+        }
+    }
+
+    fn heartbeat(&mut self, w: usize, fleet: &FleetView) {
+        let now = Millis(fleet.now / 1000);
+        if self.node.is_none() {
+            return; // nothing routed yet: the first request connects the workers
+        }
+        self.heartbeat_of(w, fleet, None, now);
+    }
+
+    fn finished(&mut self, w: usize, r: usize, now: u64) {
+        let Some(assignment) = self.assigned.remove(&r) else {
+            return;
+        };
+        let Some(node) = self.node.as_mut() else {
+            return;
+        };
+        let frame = ToRouter::Result(ResultMessage {
+            assignment,
+            result: Box::new(WorkerResult {
+                status: ResultStatus::Completed,
+                tokens: Vec::new(),
+                cached_token_count: 0,
+                stop: None,
+                failure: None,
+                timings: WorkerTimings::default(),
+            }),
+        });
+        let effects = node.handle(
+            Millis(now / 1000),
+            NodeInput::Frame {
+                conn: conn(w),
+                frame,
+            },
+        );
+        debug_assert!(
+            effects.iter().any(|e| matches!(
+                e,
+                NodeEffect::Deliver(d) if matches!(d.kind, DeliveryKind::Completed { .. })
+            )),
+            "the router completes an accepted request on its result"
+        );
+    }
+}
+
+fn conn(w: usize) -> ConnectionId {
+    ConnectionId(w as u64)
+}
+
+/// A request's id at the router: each client retry is a new submission.
+fn request_id(request: &RouteRequest) -> RequestId {
+    match request.attempt {
+        0 => RequestId::new(format!("r{}", request.index)),
+        n => RequestId::new(format!("r{}.{n}", request.index)),
+    }
+}
+
+/// The route every prefix of worker `w` is advertised under (the simulated worker's
+/// blocks are not routes; the router only passes the id back in a GPU offer).
+fn route_of(w: usize) -> RouteId {
+    RouteId(format!("{}-pool", FleetView::worker_id(w).0))
+}
+
+/// The request's prompt: each block's tokens, the last block cut to the prompt length.
+fn tokens_of(blocks: &[u32], input_tokens: u32, fleet: &FleetView) -> Vec<Token> {
+    let mut out = Vec::with_capacity(input_tokens as usize);
+    for &b in blocks {
+        let left = (input_tokens as usize).saturating_sub(out.len());
+        let take = left.min(fleet.block_tokens(b) as usize) as u32;
+        out.extend((0..take).map(|i| block_token(u64::from(b), i)));
+    }
+    out
+}
+
+/// Blocks covering exactly `tokens` reused tokens (the router's boundaries are chunk
+/// ends, which are block ends).
+fn blocks_for(blocks: &[u32], fleet: &FleetView, tokens: u32) -> u32 {
+    let mut sum = 0u32;
+    let mut n = 0u32;
+    for &b in blocks {
+        if sum >= tokens {
+            break;
+        }
+        sum += fleet.block_tokens(b);
+        n += 1;
+    }
+    n
+}
+
+fn least_loaded(fleet: &FleetView) -> Route {
+    let w = (0..fleet.worker_count())
+        .min_by_key(|&w| fleet.load(w).in_flight())
+        .unwrap_or(0);
+    Route::to(w)
+}
+
+/// What a den worker's heartbeat says, for simulated worker `w` as `fleet` shows it.
+fn observation(
+    w: usize,
+    sequence: u64,
+    fleet: &FleetView,
+    model: &ModelFingerprint,
+) -> Observation {
+    let load = fleet.load(w);
+    let cost = fleet.cost;
+    let id = FleetView::worker_id(w);
+    let mut obs = Observation::new(id.clone(), NodeId(id.0));
+    obs.epoch = Epoch(1);
+    obs.sequence = sequence;
+    obs.models.insert(model.clone());
+    obs.online = true;
+    obs.queue_ms = load.queue_ms;
+    obs.page_size = cost.block_tokens;
+    obs.max_context = cost.max_context;
+    obs.free_pages = load.free_blocks;
+    obs.evictable_pages = load.evictable_blocks;
+    obs.prefill_ms_per_token = load.prefill_ms_per_token;
+    obs.first_token_ms = cost.first_token_ms();
+    obs.gpu_restore_bytes_per_ms = cost.pcie_bytes_per_s / 1000.0;
+    obs.tier_throughput_bytes_per_ms
+        .insert(Tier::Ram, RAM_BYTES_PER_MS);
+    obs.tier_throughput_bytes_per_ms
+        .insert(Tier::Ssd, cost.nvme_bytes_per_s / 1000.0);
+    obs.tier_fixed_ms
+        .insert(Tier::Ssd, cost.nvme_fixed_us as f64 / 1000.0);
+    if let Some(object) = &cost.object_store {
+        obs.object_store = true;
+        obs.tier_throughput_bytes_per_ms
+            .insert(Tier::Object, object.bytes_per_s / 1000.0);
+        obs.tier_fixed_ms
+            .insert(Tier::Object, object.latency_us as f64 / 1000.0);
+    }
+    obs.pool.total_pages = load.capacity_blocks;
+    obs.pool.free = load.free_blocks;
+    obs.pool.evictable = load.evictable_blocks;
+    obs.pool.page_bytes = cost.kv_bytes(u64::from(cost.block_tokens));
+    obs.engine = Some(load.plan);
+    obs
+}
