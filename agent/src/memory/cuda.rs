@@ -340,6 +340,19 @@ impl PageMemory for CudaMemory {
         &self.totals
     }
 
+    fn device_arena(&self) -> Option<crate::memory::DeviceArenaRef> {
+        let (ptr, _sync) = self.arena.device_ptr(&self.stream);
+        Some(crate::memory::DeviceArenaRef {
+            ctx: Arc::clone(&self.ctx),
+            kv: den_model::gpu::DeviceKv {
+                ptr,
+                bytes: self.geometry.arena_bytes(),
+                page_size: self.geometry.page_size,
+                row_bytes: self.geometry.row_bytes,
+            },
+        })
+    }
+
     fn describe(&self) -> String {
         let g = self.geometry;
         format!(

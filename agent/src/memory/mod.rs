@@ -330,6 +330,21 @@ pub trait PageMemory: Send {
     fn host_rows(&mut self) -> Option<&mut [u8]> {
         None
     }
+
+    /// The arena in GPU memory, for a forward pass on that GPU: its context and its
+    /// device address and shape. `None` for host memory.
+    #[cfg(feature = "cuda")]
+    fn device_arena(&self) -> Option<DeviceArenaRef> {
+        None
+    }
+}
+
+/// A page arena in GPU memory as a GPU forward pass needs it ([`PageMemory::device_arena`]).
+#[cfg(feature = "cuda")]
+#[derive(Clone)]
+pub struct DeviceArenaRef {
+    pub ctx: std::sync::Arc<cudarc::driver::CudaContext>,
+    pub kv: den_model::gpu::DeviceKv,
 }
 
 /// Why a memory operation failed. Every message says what was wrong and what to do.

@@ -256,9 +256,11 @@ async fn open_model(opts: &mut WorkerOptions) -> Result<Option<ModelFile>, Worke
         }
         (None, None) => return Ok(None),
     };
-    if opts.backend != Backend::Host {
+    // The host arena runs the model on the CPU; the CUDA arena on its GPU
+    // (`den_model::gpu`), which needs the `cuda` feature.
+    if opts.backend != Backend::Host && !(cfg!(feature = "cuda") && opts.backend == Backend::Cuda) {
         return Err(WorkerError::Config(format!(
-            "--model-file {}: real models run on the CPU over the host page arena for now; start the worker with --backend host",
+            "--model-file {}: this den-agent runs real models on the CPU (host page arena) only; start the worker with --backend host",
             model.path.display()
         )));
     }

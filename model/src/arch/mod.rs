@@ -70,10 +70,10 @@ pub(crate) struct Layer<'a> {
 pub struct Model<'a> {
     file: &'a GgufFile,
     config: Config,
-    token_embd: Weight<'a>,
-    output: Weight<'a>,
-    output_norm: Vec<f32>,
-    layers: Vec<Layer<'a>>,
+    pub(crate) token_embd: Weight<'a>,
+    pub(crate) output: Weight<'a>,
+    pub(crate) output_norm: Vec<f32>,
+    pub(crate) layers: Vec<Layer<'a>>,
 }
 
 /// Types a weight matrix may have (every type den dequantizes).

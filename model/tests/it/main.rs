@@ -9,6 +9,8 @@ mod dequant;
 mod forward;
 mod forward_real;
 mod gguf_reader;
+#[cfg(feature = "cuda")]
+mod gpu;
 mod sample;
 mod template;
 mod tiny;

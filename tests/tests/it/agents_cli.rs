@@ -124,6 +124,20 @@ fn agents_config_errors_are_one_clear_line() {
 
 #[test]
 fn agents_cuda_backend_without_a_driver_fails_with_one_line() {
+    cuda_worker_without_a_driver(&[]);
+}
+
+#[test]
+fn agents_a_model_on_the_cuda_backend_without_a_driver_fails_with_one_line() {
+    // A model file with --backend cuda is the GPU forward pass (den_model::gpu): accepted
+    // by the options, and refused by the driver probe on a host without one.
+    let Some(model) = den_tests::environment::model_file("smollm2-135m-instruct-q4_1.gguf") else {
+        return;
+    };
+    cuda_worker_without_a_driver(&["--model-file", model.to_str().unwrap()]);
+}
+
+fn cuda_worker_without_a_driver(extra: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("d");
     let mut child = Command::new(agent_binary())
@@ -136,6 +150,7 @@ fn agents_cuda_backend_without_a_driver_fails_with_one_line() {
             "--pages",
             "16",
         ])
+        .args(extra)
         .args(["--data-dir", data.to_str().unwrap()])
         .env("DEN_LOG", "off")
         .stdout(std::process::Stdio::null())

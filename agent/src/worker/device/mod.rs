@@ -185,6 +185,19 @@ pub fn spawn(
             };
             let mut fit = scheduler::StepFit::default();
             let engine = match (&loaded, &model) {
+                // A device page arena: the model runs on that GPU, its KV in the pool.
+                #[cfg(feature = "cuda")]
+                (Some(m), Some(mf)) if memory.device_arena().is_some() => {
+                    match gpu_engine(m, memory.as_ref(), ctx.config.batch_tokens) {
+                        // The GPU's step costs are fitted from its first steps (the CPU
+                        // calibration would time the wrong device).
+                        Ok(r) => Some(ModelEngine::gpu(r, Arc::clone(&mf.text))),
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(e));
+                            return;
+                        }
+                    }
+                }
                 (Some(m), Some(mf)) => match Runner::new(m, runner_options(threads)) {
                     Ok(mut r) => {
                         if let Some(seeded) =
@@ -232,6 +245,30 @@ pub fn spawn(
             Err("the device thread stopped while starting".into())
         }
     }
+}
+
+/// The model on the GPU that holds `memory`'s arena; says at start which CUDA libraries
+/// it loaded and where its kernels came from.
+#[cfg(feature = "cuda")]
+fn gpu_engine<'m, 'a>(
+    model: &'m Model<'a>,
+    memory: &dyn PageMemory,
+    batch_tokens: u32,
+) -> Result<den_model::gpu::GpuRunner<'m, 'a>, String> {
+    let arena = memory
+        .device_arena()
+        .ok_or_else(|| "the GPU forward pass needs the cuda backend's arena".to_owned())?;
+    let rows = usize::try_from(batch_tokens.max(1)).unwrap_or(1);
+    let runner = den_model::gpu::GpuRunner::new(model, &arena.ctx, rows)
+        .map_err(|e| format!("--backend cuda with a model: {e}"))?;
+    tracing::info!(
+        device = runner.device_name(),
+        kernels = runner.kernels_origin(),
+        weight_bytes = runner.weight_bytes(),
+        libraries = %den_model::gpu::libraries::describe(runner.libraries()),
+        "the model runs on the GPU, its KV in the CUDA page pool"
+    );
+    Ok(runner)
 }
 
 struct Device<'m, 'a> {

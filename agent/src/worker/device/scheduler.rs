@@ -49,13 +49,42 @@ use crate::model_file::{ModelText, generation_config};
 
 /// A loaded model on the device thread.
 pub struct ModelEngine<'m, 'a> {
-    pub runner: Runner<'m, 'a>,
+    pub compute: Compute<'m, 'a>,
     pub text: Arc<ModelText>,
+}
+
+/// Where the model's forward pass runs: on the CPU over the host page arena, or on the
+/// GPU that holds the device page arena. One per device thread, so the size difference
+/// between the two does not matter.
+#[allow(clippy::large_enum_variant)]
+pub enum Compute<'m, 'a> {
+    Cpu(Runner<'m, 'a>),
+    #[cfg(feature = "cuda")]
+    Gpu(den_model::gpu::GpuRunner<'m, 'a>),
 }
 
 impl<'m, 'a> ModelEngine<'m, 'a> {
     pub fn new(runner: Runner<'m, 'a>, text: Arc<ModelText>) -> Self {
-        ModelEngine { runner, text }
+        ModelEngine {
+            compute: Compute::Cpu(runner),
+            text,
+        }
+    }
+
+    #[cfg(feature = "cuda")]
+    pub fn gpu(runner: den_model::gpu::GpuRunner<'m, 'a>, text: Arc<ModelText>) -> Self {
+        ModelEngine {
+            compute: Compute::Gpu(runner),
+            text,
+        }
+    }
+
+    pub fn model(&self) -> &'m den_model::Model<'a> {
+        match &self.compute {
+            Compute::Cpu(r) => r.model(),
+            #[cfg(feature = "cuda")]
+            Compute::Gpu(r) => r.model(),
+        }
     }
 }
 
@@ -420,7 +449,7 @@ impl Device<'_, '_> {
                 context: context_hash(&request.tokens),
             },
             Some(engine) => {
-                let context = engine.runner.model().config().context_length as usize;
+                let context = engine.model().config().context_length as usize;
                 let config =
                     generation_config(&request.sampling, &request.id, request.max_new_tokens);
                 let generation = Generation::new(
@@ -512,19 +541,31 @@ impl Device<'_, '_> {
         let engine = model
             .as_mut()
             .ok_or_else(|| Stop::Failed("no model loaded".into()))?;
-        let geometry = memory.geometry();
-        let arena = memory.host_rows().ok_or_else(|| {
-            Stop::Failed(
-                "a real model runs on the CPU and needs the host page arena: start the worker with --backend host".into(),
-            )
-        })?;
-        let mut kv = ArenaRows::new(arena, geometry.page_size, geometry.row_bytes as usize)
-            .map_err(|e| Stop::Failed(format!("model: {e}")))?;
-        let vocab = engine.runner.model().vocab();
-        let logits = engine
-            .runner
-            .forward(&rows, &mut kv)
-            .map_err(|e| Stop::Failed(format!("model: {e}")))?;
+        let vocab = engine.model().vocab();
+        let logits = match &mut engine.compute {
+            Compute::Cpu(runner) => {
+                let geometry = memory.geometry();
+                let arena = memory.host_rows().ok_or_else(|| {
+                    Stop::Failed(
+                        "this model runs on the CPU and needs the host page arena: start the worker with --backend host".into(),
+                    )
+                })?;
+                let mut kv =
+                    ArenaRows::new(arena, geometry.page_size, geometry.row_bytes as usize)
+                        .map_err(|e| Stop::Failed(format!("model: {e}")))?;
+                runner.forward(&rows, &mut kv)
+            }
+            #[cfg(feature = "cuda")]
+            Compute::Gpu(runner) => {
+                let arena = memory.device_arena().ok_or_else(|| {
+                    Stop::Failed(
+                        "this model runs on the GPU and needs the device page arena: start the worker with --backend cuda".into(),
+                    )
+                })?;
+                runner.forward(&rows, &arena.kv)
+            }
+        }
+        .map_err(|e| Stop::Failed(format!("model: {e}")))?;
         let text = &engine.text;
         let mut out = Vec::new();
         let mut k = 0;

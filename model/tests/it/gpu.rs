@@ -1,0 +1,358 @@
+//! The GPU forward pass (feature `cuda`).
+//!
+//! Here, without a GPU: the kernels compile with NVRTC for every architecture den targets
+//! (NVRTC needs no GPU; `tests/run` installs it from PyPI), and the GPU path fails in one
+//! line where the driver is missing.
+//!
+//! On a GPU (`#[ignore]`d; `agent/gpu-check` runs them with `--ignored`): the GPU against
+//! den's CPU path, the reference that agrees with llama.cpp — on synthetic weights of the
+//! real models' shapes (logits within tolerance, teacher-forced greedy tokens equal where
+//! the CPU's top two differ clearly) and on a real model file (`DEN_GPU_MODEL`, default
+//! SmolLM2 from `DEN_TEST_MODELS`: greedy continuations equal for 32 tokens), and the
+//! throughput bench (`DEN_GPU_REPORT` names a JSON file for the figures).
+
+use std::time::Instant;
+
+use den_model::gguf::GgufFile;
+use den_model::gpu::{
+    DeviceArena, GpuError, GpuRunner, KERNEL_NAMES, compile_ptx, libraries::CudaLibraries,
+    open_device,
+};
+use den_model::kv::{HostKvPages, Sequence};
+use den_model::{BatchRow, GgmlType, Model, Runner, RunnerOptions};
+
+use crate::forward::{Shape, build, rel_err, tiny_gemma, tiny_llama};
+
+fn require_all() -> bool {
+    std::env::var_os("DEN_TEST_REQUIRE_ALL").is_some_and(|v| v == "1")
+}
+
+#[test]
+fn gpu_kernels_compile_with_nvrtc_for_every_target_architecture() {
+    if !CudaLibraries::probe().nvrtc {
+        assert!(
+            !require_all(),
+            "NVRTC (libnvrtc.so.13/.12) is not on the library path: tests/run installs it"
+        );
+        eprintln!("skipped: no NVRTC on the library path");
+        return;
+    }
+    for arch in ["compute_70", "compute_80", "compute_90"] {
+        let ptx = compile_ptx(arch).unwrap_or_else(|e| panic!("{arch}: {e}"));
+        for name in KERNEL_NAMES {
+            assert!(
+                ptx.contains(&format!(".entry {name}(")),
+                "{arch}: no entry {name} in the PTX"
+            );
+        }
+        let target = format!(".target sm_{}", &arch["compute_".len()..]);
+        assert!(ptx.contains(&target), "{arch}: PTX for another target");
+    }
+    // A bad architecture is one line, not a panic.
+    let e = compile_ptx("compute_1").unwrap_err();
+    assert!(matches!(e, GpuError::Compile(_)), "{e:?}");
+    assert!(!e.to_string().contains('\n'), "{e}");
+}
+
+#[test]
+fn without_a_driver_the_gpu_path_says_so_in_one_line() {
+    if CudaLibraries::probe().driver {
+        eprintln!("skipped: this host has a CUDA driver");
+        return;
+    }
+    let e = open_device(0).unwrap_err();
+    assert!(matches!(e, GpuError::Missing { .. }), "{e:?}");
+    let line = e.to_string();
+    assert!(
+        line.contains("libcuda.so.1") && line.contains("--backend host"),
+        "{line}"
+    );
+    assert!(!line.contains('\n'));
+}
+
+// --- on a GPU ---------------------------------------------------------------------------
+
+/// SmolLM2-135M's shape (widths, heads, vocabulary) with `layers` layers.
+fn smollm2_shape(layers: usize) -> Shape {
+    let q = GgmlType::Q4_1;
+    Shape {
+        arch: "llama",
+        layers,
+        embd: 576,
+        ff: 1536,
+        heads: 9,
+        kv_heads: 3,
+        head_dim: 64,
+        vocab: 49152,
+        ctx: 2048,
+        window: None,
+        types: [q, q, q, q, q, q, q, GgmlType::Q8_0],
+    }
+}
+
+/// Gemma 3 270M's shape with `layers` layers (the sixth global, the others a 512 window).
+fn gemma270m_shape(layers: usize) -> Shape {
+    use GgmlType::*;
+    Shape {
+        arch: "gemma3",
+        layers,
+        embd: 640,
+        ff: 2048,
+        heads: 4,
+        kv_heads: 1,
+        head_dim: 256,
+        vocab: 262_144,
+        ctx: 2048,
+        window: Some(512),
+        types: [Q5_0, Q5_0, Q8_0, Q4_K, Q5_0, Q5_0, Q6_K, Q8_0],
+    }
+}
+
+struct Pair<'m, 'a> {
+    cpu: Runner<'m, 'a>,
+    gpu: GpuRunner<'m, 'a>,
+    host: HostKvPages,
+    arena: DeviceArena,
+}
+
+fn pair<'m, 'a>(m: &'m Model<'a>, pages: u32) -> Pair<'m, 'a> {
+    let ctx = open_device(0).unwrap();
+    let gpu = GpuRunner::new(m, &ctx, 64).unwrap();
+    let layout = m.kv_layout();
+    let stream = ctx.default_stream();
+    let arena = DeviceArena::new(&stream, 16, pages, layout.row_bytes() as u64).unwrap();
+    Pair {
+        cpu: Runner::new(m, RunnerOptions::default()).unwrap(),
+        gpu,
+        host: HostKvPages::new(layout, 16, pages).unwrap(),
+        arena,
+    }
+}
+
+/// The largest logit's index, and its margin over the runner-up.
+fn top(logits: &[f32]) -> (usize, f32) {
+    let mut best = (0usize, f32::NEG_INFINITY);
+    let mut second = f32::NEG_INFINITY;
+    for (i, v) in logits.iter().enumerate() {
+        if *v > best.1 {
+            second = best.1;
+            best = (i, *v);
+        } else if *v > second {
+            second = *v;
+        }
+    }
+    (best.0, best.1 - second)
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: agent/gpu-check runs it"]
+fn gpu_matches_cpu_on_synthetic_weights_of_the_real_shapes() {
+    for (shape, name) in [
+        (tiny_llama(), "tiny llama"),
+        (tiny_gemma(6), "tiny gemma3"),
+        (smollm2_shape(4), "SmolLM2 shape, 4 layers"),
+        (gemma270m_shape(6), "Gemma 3 270M shape, 6 layers"),
+    ] {
+        let f = GgufFile::from_bytes(format!("{name}.gguf"), build(&shape, 7)).unwrap();
+        let m = Model::load(&f).unwrap();
+        let mut p = pair(&m, 64);
+        let vocab = shape.vocab as u32;
+        let prompt: Vec<u32> = (0..40).map(|i| (i * 7919 + 13) % vocab).collect();
+        let (mut cs, mut gs) = (Sequence::new(), Sequence::with_pages((0..64).collect(), 0));
+        p.host.reserve(&mut cs, 200).unwrap();
+        let kv = p.arena.kv();
+        let c = p
+            .cpu
+            .prefill(&prompt, &mut p.host, &mut cs)
+            .unwrap()
+            .to_vec();
+        let g = p.gpu.prefill(&prompt, &kv, &mut gs).unwrap().to_vec();
+        let mut worst = rel_err(&g, &c);
+        let (mut agree, mut clear) = (0, 0);
+        // Teacher-forced: both sides take the CPU's greedy token.
+        let mut next = top(&c).0 as u32;
+        for _ in 0..32 {
+            let c = p.cpu.decode(next, &mut p.host, &mut cs).unwrap().to_vec();
+            let g = p.gpu.prefill(&[next], &kv, &mut gs).unwrap().to_vec();
+            worst = worst.max(rel_err(&g, &c));
+            let (ct, margin) = top(&c);
+            if margin > 0.05 {
+                clear += 1;
+                if top(&g).0 == ct {
+                    agree += 1;
+                }
+            }
+            next = ct as u32;
+        }
+        eprintln!(
+            "{name}: worst relative logit error {worst:e}; greedy {agree}/{clear} clear steps"
+        );
+        assert!(worst < 3e-2, "{name}: logits differ by {worst:e}");
+        assert_eq!(agree, clear, "{name}: greedy tokens differ on clear steps");
+    }
+}
+
+/// The real model to check: `DEN_GPU_MODEL`, else SmolLM2 from `DEN_TEST_MODELS`.
+fn real_model_path() -> Option<std::path::PathBuf> {
+    if let Some(p) = std::env::var_os("DEN_GPU_MODEL") {
+        return Some(p.into());
+    }
+    let dir = std::env::var_os("DEN_TEST_MODELS")?;
+    Some(std::path::Path::new(&dir).join("smollm2-135m-instruct-q4_1.gguf"))
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: agent/gpu-check runs it"]
+fn gpu_greedy_continuations_equal_the_cpus_on_a_real_model() {
+    let path = real_model_path().expect("set DEN_GPU_MODEL or DEN_TEST_MODELS");
+    let f = GgufFile::open(&path).unwrap();
+    let m = Model::load(&f).unwrap();
+    let vocab = m.vocab() as u32;
+    let mut p = pair(&m, 128);
+    let kv = p.arena.kv();
+    let prompts: [Vec<u32>; 4] = [
+        (1..24).collect(),
+        (0..60).map(|i| (i * 131 + 7) % vocab).collect(),
+        (0..9).map(|i| (i * 977 + 3) % vocab).collect(),
+        (0..200).map(|i| (i * 37 + 1) % vocab).collect(),
+    ];
+    for (i, prompt) in prompts.iter().enumerate() {
+        let mut cs = Sequence::new();
+        p.host.reserve(&mut cs, 260).unwrap();
+        let mut gs = Sequence::with_pages((0..128).collect(), 0);
+        let mut ct = top(p.cpu.prefill(prompt, &mut p.host, &mut cs).unwrap()).0 as u32;
+        let mut gt = top(p.gpu.prefill(prompt, &kv, &mut gs).unwrap()).0 as u32;
+        let (mut cpu, mut gpu) = (vec![ct], vec![gt]);
+        for _ in 1..32 {
+            ct = top(p.cpu.decode(ct, &mut p.host, &mut cs).unwrap()).0 as u32;
+            gt = top(p.gpu.prefill(&[gt], &kv, &mut gs).unwrap()).0 as u32;
+            cpu.push(ct);
+            gpu.push(gt);
+        }
+        p.host.release(&mut cs);
+        eprintln!("prompt {i}: cpu {cpu:?}\n          gpu {gpu:?}");
+        assert_eq!(gpu, cpu, "prompt {i}: greedy continuations differ");
+    }
+    eprintln!(
+        "libraries: {}",
+        den_model::gpu::libraries::describe(p.gpu.libraries())
+    );
+}
+
+#[test]
+#[ignore = "a benchmark on an NVIDIA GPU: agent/gpu-check runs it"]
+fn bench_gpu_forward() {
+    let path = real_model_path().expect("set DEN_GPU_MODEL or DEN_TEST_MODELS");
+    let f = GgufFile::open(&path).unwrap();
+    let m = Model::load(&f).unwrap();
+    let ctx = open_device(0).unwrap();
+    let stream = ctx.default_stream();
+    let mut gpu = GpuRunner::new(&m, &ctx, 512).unwrap();
+    let layout = m.kv_layout();
+    let (page, seq_pages) = (16u32, 32u32);
+    let arena = DeviceArena::new(&stream, page, 64 * seq_pages, layout.row_bytes() as u64).unwrap();
+    let kv = arena.kv();
+    let vocab = m.vocab() as u32;
+    // HBM bandwidth as this run measures it: a device-to-device copy of 1 GiB.
+    let bw = {
+        let n = 1usize << 30;
+        let a = stream.alloc_zeros::<u8>(n).unwrap();
+        let mut b = stream.alloc_zeros::<u8>(n).unwrap();
+        stream.memcpy_dtod(&a, &mut b).unwrap();
+        stream.synchronize().unwrap();
+        let t = Instant::now();
+        for _ in 0..5 {
+            stream.memcpy_dtod(&a, &mut b).unwrap();
+        }
+        stream.synchronize().unwrap();
+        // A copy reads and writes every byte.
+        (2 * 5 * n) as f64 / t.elapsed().as_secs_f64()
+    };
+    let weight_bytes = gpu.weight_bytes() as f64;
+    let roofline_tok_s = bw / weight_bytes;
+    let mut report = serde_json::Map::new();
+    report.insert("device".into(), gpu.device_name().into());
+    report.insert(
+        "libraries".into(),
+        den_model::gpu::libraries::describe(gpu.libraries()).into(),
+    );
+    report.insert("kernels".into(), gpu.kernels_origin().into());
+    report.insert("weight_bytes".into(), weight_bytes.into());
+    report.insert("hbm_copy_bytes_per_s".into(), bw.into());
+    report.insert("roofline_decode_tok_s".into(), roofline_tok_s.into());
+    let t = Instant::now();
+    gpu.launch_noops(1000).unwrap();
+    report.insert(
+        "launch_us".into(),
+        (t.elapsed().as_secs_f64() * 1e6 / 1000.0).into(),
+    );
+    for batch in [1usize, 8, 64] {
+        let mut seqs: Vec<Sequence> = (0..batch as u32)
+            .map(|s| Sequence::with_pages((s * seq_pages..(s + 1) * seq_pages).collect(), 0))
+            .collect();
+        // Prefill: 128 tokens per sequence, all sequences in one pass of batch × 128 rows
+        // (at most 512 rows a pass).
+        let prompt: Vec<u32> = (0..128).map(|i| (i * 131 + 7) % vocab).collect();
+        let t = Instant::now();
+        for group in seqs.chunks_mut(4) {
+            let plen = prompt.len();
+            let prompt = &prompt;
+            let rows: Vec<BatchRow<'_>> = group
+                .iter()
+                .flat_map(|s| {
+                    prompt.iter().enumerate().map(move |(i, tok)| BatchRow {
+                        token: *tok,
+                        pos: i as u32,
+                        seq: s,
+                        logits: i + 1 == plen,
+                    })
+                })
+                .collect();
+            gpu.forward_greedy(&rows, &kv).unwrap();
+            for s in group.iter_mut() {
+                s.set_len(128);
+            }
+        }
+        let prefill = (batch * 128) as f64 / t.elapsed().as_secs_f64();
+        // Decode: 64 steps of one token per sequence, greedy on the device.
+        let mut next = vec![1u32; batch];
+        let steps = 64;
+        let t = Instant::now();
+        for _ in 0..steps {
+            let rows: Vec<BatchRow<'_>> = seqs
+                .iter()
+                .zip(&next)
+                .map(|(s, tok)| BatchRow {
+                    token: *tok,
+                    pos: s.len(),
+                    seq: s,
+                    logits: true,
+                })
+                .collect();
+            next = gpu.forward_greedy(&rows, &kv).unwrap();
+            for s in seqs.iter_mut() {
+                s.set_len(s.len() + 1);
+            }
+        }
+        let secs = t.elapsed().as_secs_f64();
+        let decode = (batch * steps) as f64 / secs;
+        eprintln!(
+            "batch {batch}: prefill {prefill:.0} tok/s, decode {decode:.0} tok/s ({:.1} ms a step)",
+            secs * 1e3 / steps as f64
+        );
+        report.insert(format!("prefill_tok_s_batch_{batch}"), prefill.into());
+        report.insert(format!("decode_tok_s_batch_{batch}"), decode.into());
+    }
+    let d1 = report["decode_tok_s_batch_1"].as_f64().unwrap_or(0.0);
+    let d64 = report["decode_tok_s_batch_64"].as_f64().unwrap_or(0.0);
+    report.insert(
+        "decode_batch_1_of_roofline".into(),
+        (d1 / roofline_tok_s).into(),
+    );
+    report.insert("decode_batch_64_over_1".into(), (d64 / d1.max(1e-9)).into());
+    let text = serde_json::to_string_pretty(&report).unwrap();
+    eprintln!("{text}");
+    if let Some(out) = std::env::var_os("DEN_GPU_REPORT") {
+        std::fs::write(out, text).unwrap();
+    }
+}
