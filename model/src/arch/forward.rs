@@ -305,18 +305,7 @@ impl<'m, 'a> Runner<'m, 'a> {
         }
         for i in 0..n {
             let r = row(i);
-            if r.token as usize >= c.vocab {
-                return Err(ModelError::Input(format!(
-                    "token {} is past the vocabulary ({} tokens)",
-                    r.token, c.vocab
-                )));
-            }
-            if r.pos >= c.context_length {
-                return Err(ModelError::Input(format!(
-                    "position {} is past the model's context ({} positions)",
-                    r.pos, c.context_length
-                )));
-            }
+            check_row(c, &r)?;
             r.seq.locate_or_err(r.pos, kv.page_size())?;
         }
         Ok(())
@@ -605,6 +594,23 @@ impl<'m, 'a> Runner<'m, 'a> {
         )?;
         Ok(())
     }
+}
+
+/// A row's token and position against the model (the CPU and GPU passes check the same).
+pub(crate) fn check_row(c: &super::Config, r: &BatchRow<'_>) -> Result<(), ModelError> {
+    if r.token as usize >= c.vocab {
+        return Err(ModelError::Input(format!(
+            "token {} is past the vocabulary ({} tokens)",
+            r.token, c.vocab
+        )));
+    }
+    if r.pos >= c.context_length {
+        return Err(ModelError::Input(format!(
+            "position {} is past the model's context ({} positions)",
+            r.pos, c.context_length
+        )));
+    }
+    Ok(())
 }
 
 /// Quantizes the input rows when any of `ws` uses the quantized dot.

@@ -17,7 +17,7 @@
 //! batched [`Runner::forward`], in which rows of several sequences share each weight pass.
 
 mod config;
-mod forward;
+pub(crate) mod forward;
 
 pub use config::{Arch, Config, LayerConfig};
 pub use forward::{BatchRow, Runner, RunnerOptions};

@@ -28,42 +28,33 @@ __device__ __forceinline__ half_t f2h(float f) {
     return h;
 }
 
-// The sum of `v` over the block, in every thread. `shared` holds 32 slots.
-__device__ double block_sum_d(double v, double* shared) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+struct Sum {
+    template <typename T> __device__ static T of(T a, T b) { return a + b; }
+    template <typename T> __device__ static T identity() { return T(0); }
+};
+
+struct Max {
+    __device__ static float of(float a, float b) { return fmaxf(a, b); }
+    template <typename T> __device__ static T identity() { return -DEN_INF; }
+};
+
+// `Op` over `v` of every thread of the block, in every thread: a warp's lanes by shuffles,
+// then the warps' results through `shared` (32 slots).
+template <typename Op, typename T> __device__ T block_reduce(T v, T* shared) {
+    for (int o = 16; o > 0; o >>= 1) v = Op::of(v, __shfl_xor_sync(0xffffffffu, v, o));
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    __syncthreads();
+    __syncthreads();  // `shared` may still be read by a previous reduction
     if (lane == 0) shared[warp] = v;
     __syncthreads();
     const int warps = blockDim.x >> 5;
-    v = lane < warps ? shared[lane] : 0.0;
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    v = lane < warps ? shared[lane] : Op::template identity<T>();
+    for (int o = 16; o > 0; o >>= 1) v = Op::of(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
 
-__device__ float block_sum_f(float v, float* shared) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    __syncthreads();
-    if (lane == 0) shared[warp] = v;
-    __syncthreads();
-    const int warps = blockDim.x >> 5;
-    v = lane < warps ? shared[lane] : 0.0f;
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-__device__ float block_max_f(float v, float* shared) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    __syncthreads();
-    if (lane == 0) shared[warp] = v;
-    __syncthreads();
-    const int warps = blockDim.x >> 5;
-    v = lane < warps ? shared[lane] : -DEN_INF;
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
+__device__ double block_sum_d(double v, double* shared) { return block_reduce<Sum>(v, shared); }
+__device__ float block_sum_f(float v, float* shared) { return block_reduce<Sum>(v, shared); }
+__device__ float block_max_f(float v, float* shared) { return block_reduce<Max>(v, shared); }
 
 // The address of row `t` of a sequence whose page table is `pt`.
 __device__ __forceinline__ const unsigned char* kv_row(u64 arena, const u32* pt, u32 t,

@@ -297,18 +297,7 @@ impl<'m, 'a> GpuRunner<'m, 'a> {
         }
         let pages = kv.pages();
         for r in rows {
-            if r.token as usize >= c.vocab {
-                return Err(ModelError::Input(format!(
-                    "token {} is past the vocabulary ({} tokens)",
-                    r.token, c.vocab
-                )));
-            }
-            if r.pos >= c.context_length {
-                return Err(ModelError::Input(format!(
-                    "position {} is past the model's context ({} positions)",
-                    r.pos, c.context_length
-                )));
-            }
+            crate::arch::forward::check_row(c, r)?;
             let (page, _) = r.seq.locate_or_err(r.pos, kv.page_size)?;
             if u64::from(page) >= pages {
                 return Err(ModelError::Input(format!(
@@ -419,19 +408,34 @@ impl<'m, 'a> GpuRunner<'m, 'a> {
             l.arg(&table).arg(&tokens).arg(&x).arg(&e).arg(&scale);
         })?;
 
-        let last = m.layers.len().saturating_sub(1);
-        for (li, (layer, lc)) in self.w.layers.iter().zip(&c.layers).enumerate() {
-            // Attention.
-            let norm = dptr(&layer.attn_norm, s);
+        // Every row normed by `w` into `h16`, the next product's input.
+        let norm_rows = |w: &CudaSlice<f32>| {
+            let w = dptr(w, s);
             launch(
                 s,
                 &self.k.rms_norm_h,
                 rows_cfg(BLOCK),
                 "den_rms_norm_h",
                 |l| {
-                    l.arg(&x).arg(&norm).arg(&h16).arg(&null).arg(&e).arg(&eps);
+                    l.arg(&x).arg(&w).arg(&h16).arg(&null).arg(&e).arg(&eps);
                 },
-            )?;
+            )
+        };
+        // x += o, o normed first by Gemma's post-norm `w`.
+        let add_rows = |w: Option<&CudaSlice<f32>>| {
+            let w = if c.post_norms {
+                w.map_or(0, |t| dptr(t, s))
+            } else {
+                0
+            };
+            launch(s, &self.k.post_add, rows_cfg(BLOCK), "den_post_add", |l| {
+                l.arg(&x).arg(&o).arg(&w).arg(&e).arg(&eps);
+            })
+        };
+        let last = m.layers.len().saturating_sub(1);
+        for (li, (layer, lc)) in self.w.layers.iter().zip(&c.layers).enumerate() {
+            // Attention.
+            norm_rows(&layer.attn_norm)?;
             self.gemm(h16, &layer.wq, q, n)?;
             self.gemm(h16, &layer.wk, k, n)?;
             self.gemm(h16, &layer.wv, v, n)?;
@@ -503,22 +507,9 @@ impl<'m, 'a> GpuRunner<'m, 'a> {
                 l.arg(&page_size).arg(&k_off).arg(&v_off).arg(&window);
             })?;
             self.gemm(att16, &layer.wo, o, n)?;
-            let post = layer.post_attn_norm.as_ref().map_or(0, |t| dptr(t, s));
-            let post = if c.post_norms { post } else { 0 };
-            launch(s, &self.k.post_add, rows_cfg(BLOCK), "den_post_add", |l| {
-                l.arg(&x).arg(&o).arg(&post).arg(&e).arg(&eps);
-            })?;
+            add_rows(layer.post_attn_norm.as_ref())?;
             // FFN.
-            let norm = dptr(&layer.ffn_norm, s);
-            launch(
-                s,
-                &self.k.rms_norm_h,
-                rows_cfg(BLOCK),
-                "den_rms_norm_h",
-                |l| {
-                    l.arg(&x).arg(&norm).arg(&h16).arg(&null).arg(&e).arg(&eps);
-                },
-            )?;
+            norm_rows(&layer.ffn_norm)?;
             self.gemm(h16, &layer.gate, gate, n)?;
             self.gemm(h16, &layer.up, up, n)?;
             let elements = (n * c.n_ff) as u64;
@@ -532,11 +523,7 @@ impl<'m, 'a> GpuRunner<'m, 'a> {
                 l.arg(&gate).arg(&up).arg(&ff16).arg(&elements).arg(&gelu);
             })?;
             self.gemm(ff16, &layer.down, o, n)?;
-            let post = layer.post_ffn_norm.as_ref().map_or(0, |t| dptr(t, s));
-            let post = if c.post_norms { post } else { 0 };
-            launch(s, &self.k.post_add, rows_cfg(BLOCK), "den_post_add", |l| {
-                l.arg(&x).arg(&o).arg(&post).arg(&e).arg(&eps);
-            })?;
+            add_rows(layer.post_ffn_norm.as_ref())?;
         }
         let wanted = logit_rows.len();
         if wanted == 0 {
