@@ -16,6 +16,7 @@ typedef unsigned long long u64;
 
 #define DEN_INF __int_as_float(0x7f800000)
 
+#ifndef DEN_EMULATE
 __device__ __forceinline__ float h2f(half_t h) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
@@ -27,6 +28,11 @@ __device__ __forceinline__ half_t f2h(float f) {
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
     return h;
 }
+#else
+// The CPU emulator of model/tests/it/gpu_emulator.cpp: the same conversions in software.
+__device__ __forceinline__ float h2f(half_t h) { return emulated_h2f(h); }
+__device__ __forceinline__ half_t f2h(float f) { return emulated_f2h(f); }
+#endif
 
 struct Sum {
     template <typename T> __device__ static T of(T a, T b) { return a + b; }

@@ -2,7 +2,8 @@
 //!
 //! Here, without a GPU: the kernels compile with NVRTC for every architecture den targets
 //! (NVRTC needs no GPU; `tests/run` installs it from PyPI), and the GPU path fails in one
-//! line where the driver is missing.
+//! line where the driver is missing. (What the kernels compute is checked against the CPU
+//! path in an emulator: `gpu_emulated.rs`.)
 //!
 //! On a GPU (`#[ignore]`d; `agent/gpu-check` runs them with `--ignored`): the GPU against
 //! den's CPU path, the reference that agrees with llama.cpp — on synthetic weights of the

@@ -11,6 +11,7 @@ mod forward_real;
 mod gguf_reader;
 #[cfg(feature = "cuda")]
 mod gpu;
+mod gpu_emulated;
 mod sample;
 mod template;
 mod tiny;
