@@ -24,9 +24,9 @@ const CATALOG_DOMAIN: &[u8] = b"den/catalog-key/v1";
 pub const DEFAULT_CHUNK_SIZE: u32 = 256;
 
 /// How many chunk fetches a worker's restore keeps in flight at once. A worker fetches a
-/// restore's chunks concurrently, off its device thread, so a tier's per-fetch latency is
-/// paid once per this many chunks, not once per chunk; the router prices restores by the
-/// same number (`candidate_generation`).
+/// restore's chunks concurrently, off its device thread, so a tier's per-fetch latency
+/// overlaps the other fetches instead of adding up per chunk; the router prices restores
+/// by the same number (`candidate_generation`).
 pub const RESTORE_FETCH_WINDOW: usize = 32;
 
 /// A 128-bit chained prefix hash, displayed as a hyphenated UUID.

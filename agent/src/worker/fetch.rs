@@ -3,9 +3,9 @@
 //! The device thread only scatters bytes into pages; reading a chunk (a RAM copy checked
 //! by SHA-256, an SSD map, an object-store round trip) happens here, on the runtime, with
 //! [`RESTORE_FETCH_WINDOW`] fetches of one restore in flight and the results delivered in
-//! chain order. So a remote store's latency is paid once per window, not once per chunk
-//! (the router prices restores the same way), hashing runs on every core, and decode
-//! steps of other requests go on while a restore waits for its bytes.
+//! chain order. So a remote store's latency overlaps the other fetches instead of adding
+//! up chunk after chunk (the router prices restores the same way), hashing runs on every
+//! core, and decode steps of other requests go on while a restore waits for its bytes.
 //!
 //! The fetch stops at the first chunk no tier has intact (the rest of the prefix is then
 //! recomputed), when its assignment is cancelled, or when the actor stops listening. Each

@@ -28,10 +28,10 @@
 //! deadlines, heartbeat expiry) are never fired: offers are answered at once, the
 //! simulated clients wait without a deadline and workers never miss a heartbeat.
 //!
-//! den's router charges a lower tier's fixed cost (a fetch's latency) once per
-//! `RESTORE_FETCH_WINDOW` chunks, because den's worker keeps that many fetches of a restore
-//! in flight; the simulated H100 workers load a run in one request, which is the same for
-//! the runs this trace restores. A request the router refuses
+//! den's router prices a lower tier's fixed cost (a fetch's latency) as den's worker's
+//! window of `RESTORE_FETCH_WINDOW` fetches in flight pipelines it: once before the bytes
+//! stream, or once per window when latency dominates; the simulated H100 workers load a
+//! run in one request, which the first case matches. A request the router refuses
 //! (no worker can hold it now) is refused in the replay too: den-agent answers 503 with
 //! `Retry-After: 1`, and the simulated client submits it again a second later (a new
 //! request id, its TTFT counted from the first arrival; the report counts refusals).
