@@ -7,6 +7,11 @@
 //! up chunk after chunk (the router prices restores the same way), hashing runs on every
 //! core, and decode steps of other requests go on while a restore waits for its bytes.
 //!
+//! At most [`RESTORE_FETCH_WINDOW`] chunks of a restore are held at once, fetching or
+//! fetched and waiting for the device: each carries a permit the device releases when it
+//! has scattered (or dropped) the chunk, so a long restore behind busy steps never piles
+//! its whole prefix up in memory.
+//!
 //! The fetch stops at the first chunk no tier has intact (the rest of the prefix is then
 //! recomputed), when its assignment is cancelled, or when the actor stops listening. Each
 //! chunk comes from the fastest tier holding an intact copy of exactly that chunk (ram,
@@ -18,7 +23,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 use den_protocol::candidate::Tier;
 use den_protocol::chunk::{ChunkDescriptor, RESTORE_FETCH_WINDOW, plan_chunks};
@@ -31,12 +36,14 @@ use crate::worker::device::DeviceEvent;
 use crate::worker::faults::Faults;
 use crate::worker::store::{BadReplica, Tiers};
 
-/// One chunk of a restore, read and verified.
+/// One chunk of a restore, read and verified. Dropping it frees a place in its
+/// restore's window.
 #[derive(Debug)]
 pub struct Fetched {
     pub descriptor: ChunkDescriptor,
     pub tier: Tier,
     pub chunk: Chunk,
+    _held: OwnedSemaphorePermit,
 }
 
 /// What a fetch needs of the worker.
@@ -113,18 +120,32 @@ pub fn restore_chunks(
 
 /// Fetches `chunks` in order with a window of concurrent reads and hands each to
 /// `deliver`, stopping at the first chunk that cannot be had, once `stop()` says so, or
-/// when `deliver` returns false. Returns how many were delivered.
+/// when `deliver` returns false.
 pub async fn fetch_in_order(
     cx: &FetchContext,
     model: &ModelFingerprint,
     chunks: Vec<ChunkDescriptor>,
     stop: impl Fn() -> bool,
     mut deliver: impl FnMut(Fetched) -> bool,
-) -> usize {
+) {
+    // Permits are taken in chain order (the semaphore is fair), so the chunk the device
+    // waits for next always has one.
+    let window = Arc::new(Semaphore::new(RESTORE_FETCH_WINDOW));
     let mut stream = futures_util::stream::iter(chunks)
-        .map(|d| async move { fetch_one(cx, model, &d).await.map(|f| (d, f)) })
+        .map(|d| {
+            let window = Arc::clone(&window);
+            async move {
+                let held = window.acquire_owned().await.ok()?;
+                let (tier, chunk) = fetch_one(cx, model, &d).await?;
+                Some(Fetched {
+                    descriptor: d,
+                    tier,
+                    chunk,
+                    _held: held,
+                })
+            }
+        })
         .buffered(RESTORE_FETCH_WINDOW);
-    let mut delivered = 0;
     // A cancelled assignment must not wait for a slow store: ask while waiting.
     let mut poll = tokio::time::interval(Duration::from_millis(10));
     loop {
@@ -132,25 +153,17 @@ pub async fn fetch_in_order(
             next = stream.next() => next,
             _ = poll.tick() => {
                 if stop() {
-                    return delivered;
+                    return;
                 }
                 continue;
             }
         };
-        let Some(Some((descriptor, (tier, chunk)))) = next else {
-            return delivered;
+        let Some(Some(fetched)) = next else {
+            return;
         };
-        if stop() {
-            return delivered;
+        if stop() || !deliver(fetched) {
+            return;
         }
-        if !deliver(Fetched {
-            descriptor,
-            tier,
-            chunk,
-        }) {
-            return delivered;
-        }
-        delivered += 1;
     }
 }
 
@@ -191,13 +204,8 @@ async fn fetch_from_tiers(
                     chunk.meta.start,
                     chunk.meta.row_bytes
                 );
-                let _ = cx.events.send(DeviceEvent::BadReplica(BadReplica {
-                    key,
-                    model: model.clone(),
-                    hash: d.hash,
-                    tier,
-                    corrupt: true,
-                }));
+                let bad = BadReplica::corrupt(model, d.hash, tier);
+                let _ = cx.events.send(DeviceEvent::BadReplica(bad));
             }
             Err(e) => {
                 if e.means_recompute() {
@@ -230,6 +238,107 @@ async fn fetch_from_tiers(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tiers::test_support::run;
+    use crate::tiers::{ChunkMeta, ChunkStore, RamTier};
+
+    /// A request of `chunks` chunks of 4 tokens, and a RAM tier holding the first `n`.
+    async fn stored(
+        chunks: usize,
+        n: usize,
+        row_bytes: u64,
+    ) -> (GenerationRequest, Tiers, Vec<ChunkDescriptor>) {
+        let tokens = (chunks * 4 + 1) as u32;
+        let request = GenerationRequest::new("r", "m", (1..=tokens).collect(), 1).unwrap();
+        let ram = Arc::new(RamTier::new(1 << 30));
+        let plan = plan_chunks(request.processed_tokens(), 4);
+        for d in &plan[..n] {
+            let meta = ChunkMeta::for_descriptor(&request.model, d, row_bytes);
+            let payload = vec![7u8; meta.payload_bytes() as usize];
+            ram.put(&Chunk::new(meta, payload).unwrap()).await.unwrap();
+        }
+        let tiers = Tiers {
+            ram: Some(ram),
+            ..Tiers::default()
+        };
+        (request, tiers, plan)
+    }
+
+    fn context(tiers: Tiers, row_bytes: u64) -> FetchContext {
+        FetchContext {
+            tiers,
+            metrics: Arc::new(Metrics::new()),
+            events: mpsc::unbounded_channel().0,
+            faults: Arc::default(),
+            row_bytes,
+            meter: Arc::default(),
+        }
+    }
+
+    #[test]
+    fn chunks_come_in_chain_order_and_stop_at_the_first_missing_one() {
+        run(async {
+            let (request, tiers, plan) = stored(12, 10, 8).await;
+            let cx = context(tiers, 8);
+            let mut got = Vec::new();
+            // Twelve asked for, ten stored: the chain stops at the eleventh.
+            fetch_in_order(
+                &cx,
+                &request.model,
+                plan,
+                || false,
+                |f| {
+                    got.push(f.descriptor.start);
+                    true
+                },
+            )
+            .await;
+            assert_eq!(got, (0..10).map(|i| i * 4).collect::<Vec<u32>>());
+        });
+    }
+
+    #[test]
+    fn a_restore_holds_at_most_a_window_of_chunks_the_device_has_not_placed() {
+        // The device keeps every chunk it was handed (as if busy with steps): the fetch
+        // stops after a window's worth instead of reading the whole prefix into memory,
+        // and goes on once the device lets chunks go.
+        run(async {
+            let n = RESTORE_FETCH_WINDOW + 8;
+            let (request, tiers, plan) = stored(n, n, 8).await;
+            let cx = context(tiers, 8);
+            let held = std::sync::Mutex::new(Vec::new());
+            let fetch = fetch_in_order(
+                &cx,
+                &request.model,
+                plan.clone(),
+                || false,
+                |f| {
+                    held.lock().unwrap().push(f);
+                    true
+                },
+            );
+            let r = tokio::time::timeout(Duration::from_millis(300), fetch).await;
+            assert!(
+                r.is_err(),
+                "the fetch finished without the device placing a chunk"
+            );
+            assert_eq!(held.lock().unwrap().len(), RESTORE_FETCH_WINDOW);
+            // Placed as they come: the rest follows.
+            let mut placed = 0;
+            fetch_in_order(
+                &cx,
+                &request.model,
+                plan,
+                || false,
+                |f| {
+                    drop(f);
+                    placed += 1;
+                    true
+                },
+            )
+            .await;
+            assert_eq!(placed, n);
+        });
+    }
 
     #[test]
     fn a_restore_reads_the_chain_from_what_the_route_holds_to_the_cached_boundary() {

@@ -274,6 +274,17 @@ pub struct BadReplica {
 }
 
 impl BadReplica {
+    /// A replica of `model`'s chunk `hash` in `tier` that is there but wrong.
+    pub fn corrupt(model: &ModelFingerprint, hash: PrefixHash, tier: Tier) -> Self {
+        BadReplica {
+            key: ChunkKey::of(model, hash),
+            model: model.clone(),
+            hash,
+            tier,
+            corrupt: true,
+        }
+    }
+
     pub fn from_error(
         e: &TierError,
         key: ChunkKey,

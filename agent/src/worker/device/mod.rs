@@ -10,16 +10,16 @@
 //! spend their declared costs on this thread, rows written into pages are the
 //! deterministic synthetic KV of (model, position, token), and output tokens are the
 //! engine's deterministic stream. Restores take the exact chunk chain as the fetch
-//! delivers it, in order (each chunk from the fastest tier holding it intact), scatter each
-//! chunk into pages claimed from the assignment's reservation and, with `verify`, read the
-//! rows back and compare them byte-exact with recomputation. A missing, corrupt or mismatching chunk ends the restore there: the
-//! rest is recomputed by prefill or decode (which repair a short prefix idempotently).
+//! delivers it, in order (each chunk from the fastest tier holding it intact), scatter
+//! each chunk into pages claimed from the assignment's reservation and, with `verify`,
+//! read the rows back and compare them byte-exact with recomputation. A missing, corrupt
+//! or mismatching chunk ends the restore there: the rest is recomputed by prefill or
+//! decode (which repair a short prefix idempotently).
 //!
 //! Cancellation is cooperative: a cancelled job that has not started is skipped, a
 //! running restore stops at its next chunk (its fetch stops within 10 ms even while a
-//! store is slow to answer, and says so), and
-//! a prefill or decode leaves the scheduler at the next step boundary, leaving no pending
-//! append behind. Either way its result is reported (as a failure of the same operation
+//! store is slow to answer, and says so), and a prefill or decode leaves the scheduler at
+//! the next step boundary, leaving no pending append behind. Either way its result is reported (as a failure of the same operation
 //! kind), because the worker machine releases the assignment's pages only when that
 //! result arrives.
 
@@ -46,7 +46,7 @@ use crate::engine::{EngineCosts, SyntheticKv};
 use crate::memory::{MemoryError, PageMemory, RowRun, TransferTotals};
 use crate::metrics::Metrics;
 use crate::model_file::{ModelFile, runner_options};
-use crate::tiers::{ChunkKey, ChunkMeta};
+use crate::tiers::ChunkMeta;
 use crate::worker::faults::Faults;
 use crate::worker::fetch::Fetched;
 use crate::worker::meters::{Calibration, QueueMeter};
@@ -387,45 +387,28 @@ impl Device<'_, '_> {
 
     /// The next chunk of restore `job` arrived (`None`: its fetch ended).
     fn on_fetched(&mut self, job: u64, fetched: Option<Fetched>) {
-        let Some(r) = self.restoring.get(&job) else {
+        let Some(mut r) = self.restoring.remove(&job) else {
             return; // a restore that already ended
         };
-        let (work, cancel) = (Arc::clone(&r.op.work), Arc::clone(&r.cancel));
-        let mut restored = r.restored;
-        let outcome = if cancel.load(Ordering::Relaxed) {
-            Some(failed(OperationKind::Restore, "cancelled"))
-        } else {
-            match fetched {
-                None => Some(OperationOutcome::Restored {
-                    cached_token_count: Some(restored),
-                }),
-                Some(f) => match self.place(&work, &f, restored, &cancel) {
-                    Ok(true) => {
-                        restored = f.descriptor.end();
-                        None
-                    }
-                    // The chain broke here: what is restored stands, the rest is
-                    // recomputed.
-                    Ok(false) => Some(OperationOutcome::Restored {
-                        cached_token_count: Some(restored),
-                    }),
-                    Err(stop) => Some(stopped(OperationKind::Restore, stop)),
-                },
-            }
+        let restored = |tokens| OperationOutcome::Restored {
+            cached_token_count: Some(tokens),
         };
-        match outcome {
-            Some(outcome) => {
-                if let Some(r) = self.restoring.remove(&job) {
-                    r.stop.store(true, Ordering::Relaxed);
-                    self.finish(job, &r.op, outcome);
+        let outcome = match fetched {
+            _ if r.cancel.load(Ordering::Relaxed) => failed(OperationKind::Restore, "cancelled"),
+            None => restored(r.restored),
+            Some(f) => match self.place(&r.op.work, &f, r.restored, &r.cancel) {
+                Ok(true) => {
+                    r.restored = f.descriptor.end();
+                    self.restoring.insert(job, r);
+                    return;
                 }
-            }
-            None => {
-                if let Some(r) = self.restoring.get_mut(&job) {
-                    r.restored = restored;
-                }
-            }
-        }
+                // The chain broke here: what is restored stands, the rest is recomputed.
+                Ok(false) => restored(r.restored),
+                Err(stop) => stopped(OperationKind::Restore, stop),
+            },
+        };
+        r.stop.store(true, Ordering::Relaxed);
+        self.finish(job, &r.op, outcome);
     }
 
     /// Scatters one fetched chunk after the `restored` tokens of the route; false when it
@@ -466,13 +449,8 @@ impl Device<'_, '_> {
             }
             Err(Mismatch(detail)) => {
                 tracing::error!(chunk = %d.hash, tier = f.tier.as_str(), "{detail}");
-                let _ = self.ctx.events.send(DeviceEvent::BadReplica(BadReplica {
-                    key: ChunkKey::of(&request.model, d.hash),
-                    model: request.model.clone(),
-                    hash: d.hash,
-                    tier: f.tier,
-                    corrupt: true,
-                }));
+                let bad = BadReplica::corrupt(&request.model, d.hash, f.tier);
+                let _ = self.ctx.events.send(DeviceEvent::BadReplica(bad));
                 Ok(false)
             }
         }
