@@ -9,6 +9,7 @@
 //! longest prefix, so every boundary is offered.
 
 use std::borrow::Cow;
+use std::cell::OnceCell;
 use std::collections::HashMap;
 
 use crate::candidate::{Candidate, Tier};
@@ -32,8 +33,8 @@ pub fn candidates_for<'a>(
 ) -> Vec<Candidate> {
     let plan = plan_chunks(request.processed_tokens(), chunk_size);
     let run = catalog.matched_run(&request.model, &plan);
-    let by_hash: HashMap<PrefixHash, usize> =
-        plan.iter().enumerate().map(|(i, d)| (d.hash, i)).collect();
+    // Built on the first worker that advertises resident prefixes, once per request.
+    let by_hash = OnceCell::new();
     let mut out = Vec::new();
     for obs in observations {
         let mut mine = worker_candidates(request, &plan, &by_hash, &run, obs, catalog);
@@ -71,7 +72,7 @@ pub fn price_shape(engine: &EnginePlan, input: u32, processed: u32, candidates: 
 fn worker_candidates(
     request: &GenerationRequest,
     plan: &[ChunkDescriptor],
-    by_hash: &HashMap<PrefixHash, usize>,
+    by_hash: &OnceCell<HashMap<PrefixHash, usize>>,
     run: &[(&ChunkDescriptor, &ChunkEntry)],
     obs: &Observation,
     catalog: &ChunkCatalog,
@@ -118,12 +119,14 @@ fn worker_candidates(
 fn resident_prefixes(
     request: &GenerationRequest,
     plan: &[ChunkDescriptor],
-    by_hash: &HashMap<PrefixHash, usize>,
+    by_hash: &OnceCell<HashMap<PrefixHash, usize>>,
     advertised: &[GpuPrefix],
 ) -> Vec<ResidentPrefix> {
     if advertised.is_empty() {
         return Vec::new();
     }
+    let by_hash =
+        by_hash.get_or_init(|| plan.iter().enumerate().map(|(i, d)| (d.hash, i)).collect());
     let mut found: Vec<Option<&GpuPrefix>> = vec![None; plan.len()];
     for p in advertised {
         let Some(&i) = by_hash.get(&p.prefix_hash) else {
@@ -348,6 +351,13 @@ mod tests {
         obs.gpu_restore_bytes_per_ms = 1000.0;
         obs.tier_throughput_bytes_per_ms.insert(Tier::Ssd, 1000.0);
         obs.tier_throughput_bytes_per_ms.insert(Tier::Object, 1.0);
+        let catalog = catalogued(&request, true);
+        (request, obs, catalog)
+    }
+
+    /// Every chunk of `request` (chunks of 2 tokens, 200 bytes) in a catalog, with an
+    /// object-store copy or none.
+    fn catalogued(request: &GenerationRequest, object: bool) -> ChunkCatalog {
         let mut catalog = ChunkCatalog::default();
         for d in plan_chunks(request.processed_tokens(), 2) {
             catalog.publish(ChunkEntry {
@@ -357,10 +367,10 @@ mod tests {
                 start: d.start,
                 token_count: d.token_count,
                 bytes: 200,
-                object: true,
+                object,
             });
         }
-        (request, obs, catalog)
+        catalog
     }
 
     #[test]
@@ -473,19 +483,8 @@ mod tests {
         let request = GenerationRequest::new("r", MODEL, tokens, 1).unwrap();
         let (_, mut obs, _) = fixture();
         obs.tier_fixed_ms.insert(Tier::Ssd, 10.0);
-        let mut catalog = ChunkCatalog::default();
-        for d in plan_chunks(request.processed_tokens(), 2) {
-            catalog.publish(ChunkEntry {
-                model: MODEL.into(),
-                hash: d.hash,
-                parent: d.parent,
-                start: d.start,
-                token_count: d.token_count,
-                bytes: 200,
-                object: false,
-            });
-            catalog.add_replica("node-w".into(), MODEL.into(), d.hash, Tier::Ssd);
-        }
+        let mut catalog = catalogued(&request, false);
+        ssd_replicas(&mut catalog, &request, 70);
         let all = candidates_for(&request, 2, [&obs], &catalog);
         let load = |chunks: u32| {
             all.iter()
