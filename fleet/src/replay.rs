@@ -24,7 +24,7 @@ use super::cost::{CostModel, Micros};
 use super::den::{DenOptions, StudyDecision};
 use super::heartbeat::{Beats, Heartbeats};
 use super::metrics::{Latency, PolicyReport, Prediction, Spread, Throughput, TierTokens};
-use super::policy::{FleetView, Policy, PolicyKind, Route, RouteRequest};
+use super::policy::{FleetView, LeastLoaded, Policy, PolicyKind, RouteRequest};
 use super::trace::Workload;
 use super::worker::{ReqState, Shared, Worker};
 
@@ -163,11 +163,7 @@ pub fn run_with(workload: &Workload, config: &FleetConfig, policy: &mut dyn Poli
             }
             refusals.gave_up += 1;
             let view = FleetView::new(now, &workers, &sh, beats.as_ref().map(Beats::snapshots));
-            route = Route::to(
-                (0..view.worker_count())
-                    .min_by_key(|&w| view.load(w).in_flight())
-                    .unwrap_or(0),
-            );
+            route = LeastLoaded.route(&request, &view);
         }
         if let Some(p) = predicted.get_mut(i) {
             *p = route.predicted_ttft_ms;

@@ -211,7 +211,6 @@ pub fn queue_ms(load: &WorkerLoad, opts: &DenOptions) -> f64 {
             load.pending_prefill_tokens as f64 * load.prefill_ms_per_token
         }
         QueueModel::Calibrated => load.pending_prefill_model_ms * load.prefill_calibration,
-        QueueModel::Reported => load.queue_ms,
     }
 }
 
@@ -225,7 +224,7 @@ pub fn prefill_ms_per_token(
     opts: &DenOptions,
 ) -> f64 {
     match opts.queue {
-        QueueModel::PendingPrefill | QueueModel::Reported => load.prefill_ms_per_token,
+        QueueModel::PendingPrefill => load.prefill_ms_per_token,
         QueueModel::Calibrated => {
             let missing = shape.processed().saturating_sub(cached).max(1);
             load.prefill_calibration * cost.solo_prefill_ms(cached, shape.input_tokens)

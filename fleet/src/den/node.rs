@@ -41,7 +41,7 @@ use std::sync::Arc;
 
 use super::StudyDecision;
 use crate::cache::Level;
-use crate::policy::{FleetView, Policy, Route, RouteRequest};
+use crate::policy::{FleetView, LeastLoaded, Policy, Route, RouteRequest};
 use crate::trace::block_token;
 use crate::worker::Reuse;
 use den_protocol::candidate::{Scored, Tier};
@@ -266,13 +266,7 @@ impl NodePolicy {
             return;
         };
         for (w, frame) in frames {
-            let effects = node.handle(
-                now,
-                NodeInput::Frame {
-                    conn: conn(w),
-                    frame,
-                },
-            );
+            let effects = send(node, now, conn(w), frame);
             drop(effects); // catalog updates ask for nothing
         }
     }
@@ -291,13 +285,7 @@ impl NodePolicy {
         };
         if let Some(node) = self.node.as_mut() {
             let frame = ToRouter::Heartbeat(Box::new(Heartbeat { observation: obs }));
-            let effects = node.handle(
-                now,
-                NodeInput::Frame {
-                    conn: conn(w),
-                    frame,
-                },
-            );
+            let effects = send(node, now, conn(w), frame);
             drop(effects); // timers (expiry) are never fired here
         }
     }
@@ -443,7 +431,7 @@ impl Policy for NodePolicy {
             request.output_tokens.max(1),
         ) else {
             // An empty prompt: den's ingress refuses it; the replay still needs a worker.
-            return least_loaded(fleet);
+            return LeastLoaded.route(request, fleet);
         };
         let plan = plan_chunks(generation.processed_tokens(), self.chunk_size);
         self.learn(request.blocks, &plan, fleet);
@@ -454,7 +442,7 @@ impl Policy for NodePolicy {
             }
         }
         let Some(node) = self.node.as_mut() else {
-            return least_loaded(fleet);
+            return LeastLoaded.route(request, fleet);
         };
         let effects = node.handle(
             now,
@@ -484,13 +472,7 @@ impl Policy for NodePolicy {
             accepted: true,
             reason: None,
         });
-        let effects = node.handle(
-            now,
-            NodeInput::Frame {
-                conn,
-                frame: answer,
-            },
-        );
+        let effects = send(node, now, conn, answer);
         drop(effects); // acceptance: the record and the ledger only
         self.assigned.insert(request.index, offer.assignment);
         let c = &offer.candidate;
@@ -549,13 +531,7 @@ impl Policy for NodePolicy {
                 timings: WorkerTimings::default(),
             }),
         });
-        let effects = node.handle(
-            Millis(now / 1000),
-            NodeInput::Frame {
-                conn: conn(w),
-                frame,
-            },
-        );
+        let effects = send(node, Millis(now / 1000), conn(w), frame);
         debug_assert!(
             effects.iter().any(|e| matches!(
                 e,
@@ -568,6 +544,16 @@ impl Policy for NodePolicy {
 
 fn conn(w: usize) -> ConnectionId {
     ConnectionId(w as u64)
+}
+
+/// `frame` from the worker on `conn`, as the router actor hands it to the node.
+fn send(
+    node: &mut RouterNode,
+    now: Millis,
+    conn: ConnectionId,
+    frame: ToRouter,
+) -> Vec<NodeEffect> {
+    node.handle(now, NodeInput::Frame { conn, frame })
 }
 
 /// A request's id at the router: each client retry is a new submission.
@@ -608,13 +594,6 @@ fn blocks_for(blocks: &[u32], fleet: &FleetView, tokens: u32) -> u32 {
         n += 1;
     }
     n
-}
-
-fn least_loaded(fleet: &FleetView) -> Route {
-    let w = (0..fleet.worker_count())
-        .min_by_key(|&w| fleet.load(w).in_flight())
-        .unwrap_or(0);
-    Route::to(w)
 }
 
 /// What a den worker's heartbeat says, for simulated worker `w` as `fleet` shows it.

@@ -14,10 +14,6 @@ pub enum QueueModel {
     /// request's remaining range, times the worker's measured/modelled calibration
     /// factor; the request's own prefill priced the same way per candidate.
     Calibrated,
-    /// What den-agent's router uses: the worker's reported `queue_ms` — the predicted
-    /// remaining work of its execution queue ([`crate::WorkerLoad::queue_ms`],
-    /// serial engines) — and its per-token prefill cost for the request's own prefill.
-    Reported,
 }
 
 /// Knobs of den's policy (each iteration step of the benchmark is one setting).
@@ -112,8 +108,6 @@ impl DenOptions {
     /// heartbeats, publications and results); the other fields are not read.
     pub fn router() -> DenOptions {
         DenOptions {
-            queue: QueueModel::Reported,
-            marginal_delay: true,
             router_pricing: true,
             ..DenOptions::v1()
         }
