@@ -31,6 +31,11 @@ pub const KERNEL_NAMES: [&str; 9] = [
 /// Environment variable naming a precompiled PTX file to load instead of compiling.
 pub const PTX_ENV: &str = "DEN_CUDA_PTX";
 
+/// The precompiled PTX file [`PTX_ENV`] names, if any.
+pub fn ptx_file() -> Option<std::ffi::OsString> {
+    std::env::var_os(PTX_ENV)
+}
+
 /// The architecture NVRTC targets for compute capability `(major, minor)`: PTX for
 /// `compute_MN`, at least `compute_70` (the kernels use `__shfl_xor_sync`).
 pub fn arch_for(major: i32, minor: i32) -> String {
@@ -87,7 +92,7 @@ pub struct Kernels {
 impl Kernels {
     /// Compiles (or reads, see [`PTX_ENV`]) and loads the kernels on `ctx`.
     pub fn load(ctx: &Arc<CudaContext>) -> Result<Kernels, GpuError> {
-        let (ptx, origin) = match std::env::var_os(PTX_ENV) {
+        let (ptx, origin) = match ptx_file() {
             Some(path) => {
                 let text = std::fs::read_to_string(&path).map_err(|e| GpuError::Call {
                     what: format!("reading {PTX_ENV}={}", path.to_string_lossy()),

@@ -120,7 +120,7 @@ impl<'m, 'a> GpuRunner<'m, 'a> {
         ctx: &Arc<CudaContext>,
         max_batch: usize,
     ) -> Result<GpuRunner<'m, 'a>, GpuError> {
-        check_libraries(std::env::var_os(super::kernels::PTX_ENV).is_none())?;
+        check_libraries(super::kernels::ptx_file().is_none())?;
         let c = model.config();
         if c.head_dim > MAX_HEAD_DIM || c.n_rot > c.head_dim || c.head_dim == 0 {
             return Err(GpuError::Unsupported(format!(
@@ -246,16 +246,16 @@ impl<'m, 'a> GpuRunner<'m, 'a> {
                 dptr(&self.b.argmax, &self.stream),
             );
             let vocab = self.model.config().vocab as i32;
-            let cfg = LaunchConfig {
-                grid_dim: (wanted as u32, 1, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            let mut l = self.stream.launch_builder(&self.k.argmax);
-            l.arg(&logits).arg(&argmax).arg(&vocab);
-            // SAFETY: the arguments match den_argmax's parameters; `logits` holds `wanted`
-            // rows of `vocab` and `argmax` at least `wanted` slots (buffers sized to cap).
-            unsafe { l.launch(cfg) }.map_err(launch_err("den_argmax"))?;
+            // den_argmax's block is 256 threads (its shared arrays).
+            launch(
+                &self.stream,
+                &self.k.argmax,
+                grid(wanted, 1, 256),
+                "den_argmax",
+                |l| {
+                    l.arg(&logits).arg(&argmax).arg(&vocab);
+                },
+            )?;
             let view = self.b.argmax.slice(0..wanted);
             self.stream
                 .memcpy_dtoh(&view, &mut out[..])
@@ -269,15 +269,14 @@ impl<'m, 'a> GpuRunner<'m, 'a> {
 
     /// Launches an empty kernel `n` times and waits: launch overhead, for `gpu-check`.
     pub fn launch_noops(&self, n: usize) -> Result<(), GpuError> {
-        let cfg = LaunchConfig {
-            grid_dim: (1, 1, 1),
-            block_dim: (32, 1, 1),
-            shared_mem_bytes: 0,
-        };
         for _ in 0..n {
-            let mut l = self.stream.launch_builder(&self.k.noop);
-            // SAFETY: den_noop takes no arguments.
-            unsafe { l.launch(cfg) }.map_err(launch_err("den_noop"))?;
+            launch(
+                &self.stream,
+                &self.k.noop,
+                grid(1, 1, 32),
+                "den_noop",
+                |_| {},
+            )?;
         }
         self.stream
             .synchronize()
@@ -374,11 +373,7 @@ impl<'m, 'a> GpuRunner<'m, 'a> {
         let (e, hd) = (c.n_embd as i32, c.head_dim as i32);
         let kvd = c.n_head_kv * c.head_dim;
         let layout = m.kv_layout();
-        let rows_cfg = |threads: u32| LaunchConfig {
-            grid_dim: (n as u32, 1, 1),
-            block_dim: (threads, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let rows_cfg = |threads: u32| grid(n, 1, threads);
         let (x, q, k, v, o) = (
             dptr(&b.x, s),
             dptr(&b.q, s),
@@ -446,11 +441,7 @@ impl<'m, 'a> GpuRunner<'m, 'a> {
             let n_rot = c.n_rot as i32;
             let neox = i32::from(c.rope_style == RopeStyle::Neox);
             let (base, rope_scale, attn_scale) = (lc.rope_base, lc.rope_scale, c.attn_scale);
-            let heads_cfg = LaunchConfig {
-                grid_dim: (n as u32, (c.n_head + c.n_head_kv) as u32, 1),
-                block_dim: (128, 1, 1),
-                shared_mem_bytes: 0,
-            };
+            let heads_cfg = grid(n, c.n_head + c.n_head_kv, 128);
             launch(s, &self.k.qk_rope, heads_cfg, "den_qk_rope", |l| {
                 l.arg(&q).arg(&k).arg(&qn).arg(&kn).arg(&pos);
                 l.arg(&n_head).arg(&n_kv).arg(&hd).arg(&n_rot).arg(&neox);
@@ -487,11 +478,7 @@ impl<'m, 'a> GpuRunner<'m, 'a> {
                 break;
             }
             let window = lc.window.map_or(0, |w| w.min(i32::MAX as u32) as i32);
-            let att_cfg = LaunchConfig {
-                grid_dim: (n as u32, c.n_head as u32, 1),
-                block_dim: (ATTENTION_BLOCK, 1, 1),
-                shared_mem_bytes: 0,
-            };
+            let att_cfg = grid(n, c.n_head, ATTENTION_BLOCK);
             launch(s, &self.k.attention, att_cfg, "den_attention", |l| {
                 l.arg(&q)
                     .arg(&att16)
@@ -514,11 +501,7 @@ impl<'m, 'a> GpuRunner<'m, 'a> {
             self.gemm(h16, &layer.up, up, n)?;
             let elements = (n * c.n_ff) as u64;
             let gelu = i32::from(c.activation == Activation::GeluTanh);
-            let glu_cfg = LaunchConfig {
-                grid_dim: (elements.div_ceil(u64::from(BLOCK)) as u32, 1, 1),
-                block_dim: (BLOCK, 1, 1),
-                shared_mem_bytes: 0,
-            };
+            let glu_cfg = grid(elements.div_ceil(u64::from(BLOCK)) as usize, 1, BLOCK);
             launch(s, &self.k.glu, glu_cfg, "den_glu", |l| {
                 l.arg(&gate).arg(&up).arg(&ff16).arg(&elements).arg(&gelu);
             })?;
@@ -531,14 +514,15 @@ impl<'m, 'a> GpuRunner<'m, 'a> {
         }
         // The rows that want logits, normed into h16's first rows, then projected.
         let norm = dptr(&self.w.output_norm, s);
-        let cfg = LaunchConfig {
-            grid_dim: (wanted as u32, 1, 1),
-            block_dim: (BLOCK, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        launch(s, &self.k.rms_norm_h, cfg, "den_rms_norm_h", |l| {
-            l.arg(&x).arg(&norm).arg(&h16).arg(&lrows).arg(&e).arg(&eps);
-        })?;
+        launch(
+            s,
+            &self.k.rms_norm_h,
+            grid(wanted, 1, BLOCK),
+            "den_rms_norm_h",
+            |l| {
+                l.arg(&x).arg(&norm).arg(&h16).arg(&lrows).arg(&e).arg(&eps);
+            },
+        )?;
         let logits = dptr(&self.b.logits, s);
         self.gemm(h16, self.w.output(), logits, wanted)
     }
@@ -577,6 +561,15 @@ impl<'m, 'a> GpuRunner<'m, 'a> {
             )
         }
         .map_err(|e| GpuError::call(&format!("cuBLAS GemmEx ({m} × {k} by {n} rows)"), e))
+    }
+}
+
+/// `x × y` blocks of `threads` threads.
+fn grid(x: usize, y: usize, threads: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (x as u32, y as u32, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
     }
 }
 

@@ -19,7 +19,7 @@ use den_model::ops::pool::Pool;
 use den_model::ops::{Kernels, f32_to_f16};
 use den_model::quant::f16_to_f32;
 
-use crate::forward::Rng;
+use crate::forward::{Rng, rel_err as rel};
 
 /// The emulator, built once per test process (`None`: no C++ compiler here).
 fn emulator() -> Option<&'static Path> {
@@ -115,16 +115,6 @@ fn random(n: usize, rng: &mut Rng) -> Vec<f32> {
     (0..n)
         .map(|_| rng.below(2001) as f32 / 1000.0 - 1.0)
         .collect()
-}
-
-/// Largest |a − b| over the largest |b| (at least 1).
-fn rel(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    let scale = b.iter().fold(1.0f32, |m, v| m.max(v.abs()));
-    a.iter()
-        .zip(b)
-        .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()))
-        / scale
 }
 
 #[test]
