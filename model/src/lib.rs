@@ -46,6 +46,7 @@ pub mod ggml_type;
 pub mod gguf;
 #[cfg(feature = "cuda")]
 pub mod gpu;
+pub mod gpu_plan;
 pub mod kv;
 pub mod ops;
 pub mod quant;

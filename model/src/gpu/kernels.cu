@@ -63,10 +63,10 @@ __device__ float block_sum_f(float v, float* shared) { return block_reduce<Sum>(
 __device__ float block_max_f(float v, float* shared) { return block_reduce<Max>(v, shared); }
 
 // The address of row `t` of a sequence whose page table is `pt`.
-__device__ __forceinline__ const unsigned char* kv_row(u64 arena, const u32* pt, u32 t,
-                                                        u32 page_size, u64 row_bytes) {
+__device__ __forceinline__ const unsigned char* kv_row(const unsigned char* arena, const u32* pt,
+                                                        u32 t, u32 page_size, u64 row_bytes) {
     const u64 page = pt[t / page_size];
-    return (const unsigned char*)arena + (page * page_size + t % page_size) * row_bytes;
+    return arena + (page * page_size + t % page_size) * row_bytes;
 }
 
 // x[r] = embedding[tokens[r]] × scale. Grid: rows.
@@ -98,20 +98,28 @@ extern "C" __global__ void den_rms_norm_h(const float* x, const float* w, half_t
     for (int i = threadIdx.x; i < e; i += blockDim.x) yr[i] = f2h((xr[i] * scale) * w[i]);
 }
 
-// Per head of each row: the optional RMS norm of the head (q_norm / k_norm), RoPE at the
-// row's position (pairs (2i, 2i+1), or halves (i, i + n_rot/2) when `neox`), and the
+// Per head of each row of `qkv` (row r: its query heads, then its K heads, then its V
+// heads, `stride` floats apart): the optional RMS norm of the head (q_norm / k_norm), RoPE
+// at the row's position (pairs (2i, 2i+1), or halves (i, i + n_rot/2) when `neox`), and the
 // query scale. Angles as ggml computes them: pos × rope_scale × theta_scale^i, the power
-// taken by repeated f32 multiplication. Grid: (rows, n_head + n_kv).
-extern "C" __global__ void den_qk_rope(float* q, float* k, const float* q_norm,
-                                       const float* k_norm, const u32* pos, int n_head,
-                                       int n_kv, int hd, int n_rot, int neox, float base,
-                                       float rope_scale, float attn_scale, int qk_norm,
-                                       float eps) {
+// taken by repeated f32 multiplication. A K head's block then writes the head, and the V
+// head of the same index, as f16 into the row's page slot (one launch instead of a
+// separate append). Grid: (rows, n_head + n_kv).
+extern "C" __global__ void den_qk_rope_append(float* qkv, int stride, const float* q_norm,
+                                              const float* k_norm, const u32* pos, int n_head,
+                                              int n_kv, int hd, int n_rot, int neox, float base,
+                                              float rope_scale, float attn_scale, int qk_norm,
+                                              float eps, unsigned char* arena,
+                                              const u32* row_seq,
+                                              const u32* pt_off, const u32* pages,
+                                              u64 row_bytes, int page_size, u64 k_off,
+                                              u64 v_off) {
     __shared__ double shared[32];
     __shared__ float buf[1024];
     const int r = blockIdx.x, h = blockIdx.y;
     const bool is_q = h < n_head;
-    float* v = is_q ? q + ((u64)r * n_head + h) * hd : k + ((u64)r * n_kv + (h - n_head)) * hd;
+    float* row = qkv + (u64)r * stride;
+    float* v = row + (u64)h * hd;  // K heads follow the query heads
     for (int i = threadIdx.x; i < hd; i += blockDim.x) buf[i] = v[i];
     __syncthreads();
     if (qk_norm) {
@@ -125,7 +133,8 @@ extern "C" __global__ void den_qk_rope(float* q, float* k, const float* q_norm,
     }
     const int half = n_rot / 2;
     const float theta_scale = powf(base, -2.0f / (float)n_rot);
-    const float p = (float)pos[r] * rope_scale;
+    const u32 p_r = pos[r];
+    const float p = (float)p_r * rope_scale;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         float theta = p;
         for (int j = 0; j < i; ++j) theta *= theta_scale;
@@ -139,79 +148,94 @@ extern "C" __global__ void den_qk_rope(float* q, float* k, const float* q_norm,
     __syncthreads();
     const float out_scale = is_q ? attn_scale : 1.0f;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) v[i] = buf[i] * out_scale;
+    if (is_q) return;
+    const int kvh = h - n_head;
+    const u32* pt = pages + pt_off[row_seq[r]];
+    unsigned char* slot = (unsigned char*)kv_row(arena, pt, p_r, (u32)page_size, row_bytes);
+    half_t* kd = (half_t*)(slot + k_off) + (u64)kvh * hd;
+    half_t* vd = (half_t*)(slot + v_off) + (u64)kvh * hd;
+    const float* vs = row + (u64)(n_head + n_kv + kvh) * hd;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        kd[i] = f2h(buf[i]);
+        vd[i] = f2h(vs[i]);
+    }
 }
 
-// K and V of each row, as f16, into its page slot. Grid: rows.
-extern "C" __global__ void den_kv_append(const float* k, const float* v, u64 arena,
-                                         const u32* row_seq, const u32* pos, const u32* pt_off,
-                                         const u32* pages, int kvd, u64 row_bytes,
-                                         int page_size, u64 k_off, u64 v_off) {
-    const int r = blockIdx.x;
-    const u32 p = pos[r];
-    const u32* pt = pages + pt_off[row_seq[r]];
-    unsigned char* row = (unsigned char*)kv_row(arena, pt, p, (u32)page_size, row_bytes);
-    half_t* kd = (half_t*)(row + k_off);
-    half_t* vd = (half_t*)(row + v_off);
-    const float* kr = k + (u64)r * kvd;
-    const float* vr = v + (u64)r * kvd;
-    for (int i = threadIdx.x; i < kvd; i += blockDim.x) {
-        kd[i] = f2h(kr[i]);
-        vd[i] = f2h(vr[i]);
-    }
+// The sum of `v` over a warp's lanes, in every lane.
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
 }
 
 // Paged attention, one block per (row, query head): softmax(q · K) · V over the keys
 // first..=pos of the row's sequence (first = pos + 1 − window with a sliding window),
 // read from the pages through the sequence's page table; grouped-query heads share a KV
-// head. Online softmax over tiles of blockDim keys; each thread owns output dims tid,
-// tid + blockDim, … (head_dim ≤ 4 × blockDim). Writes f16 (the next product's input).
-extern "C" __global__ void den_attention(const float* q, half_t* out, u64 arena,
-                                         const u32* row_seq, const u32* pos, const u32* pt_off,
-                                         const u32* pages, int n_head, int n_kv, int hd,
-                                         u64 row_bytes, int page_size, u64 k_off, u64 v_off,
-                                         int window) {
+// head. The query is row r's head h of `qkv` (rows `q_stride` floats apart). Keys go in
+// tiles of blockDim: the tile's row addresses are resolved once into shared memory; each
+// warp scores keys warp, warp + warps, … with its lanes reading a key's dims in pairs, so
+// a warp reads a key row contiguously (not a thread per key, whose reads are strided by
+// the row size); an online softmax over the tiles; each thread accumulates output dims
+// tid, tid + blockDim, … (head_dim ≤ 4 × blockDim) reading V rows contiguously across
+// threads. Writes f16 (the next product's input). Needs an even head_dim.
+extern "C" __global__ void den_attention(const float* qkv, int q_stride, half_t* out,
+                                         const unsigned char* arena, const u32* row_seq,
+                                         const u32* pos,
+                                         const u32* pt_off, const u32* pages, int n_head,
+                                         int n_kv, int hd, u64 row_bytes, int page_size,
+                                         u64 k_off, u64 v_off, int window) {
     __shared__ float qs[1024];
     __shared__ float ps[1024];
+    __shared__ u64 rowp[1024];
     __shared__ float red[32];
     const int r = blockIdx.x, h = blockIdx.y;
     const int kvh = h / (n_head / n_kv);
-    const float* qr = q + ((u64)r * n_head + h) * hd;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const float* qr = qkv + (u64)r * q_stride + (u64)h * hd;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = qr[i];
-    __syncthreads();
     const u32 p = pos[r];
     const u32 first = (window > 0 && p + 1 > (u32)window) ? p + 1 - (u32)window : 0u;
     const u32* pt = pages + pt_off[row_seq[r]];
     const u64 head = (u64)kvh * hd * 2;  // bytes into a layer's K (or V)
+    const int pairs = hd / 2;
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     float m = -DEN_INF, l = 0.0f;
     for (u32 t0 = first; t0 <= p; t0 += blockDim.x) {
-        const u32 t = t0 + threadIdx.x;
-        float s = -DEN_INF;
-        if (t <= p) {
-            const half_t* kr = (const half_t*)(kv_row(arena, pt, t, (u32)page_size, row_bytes) +
-                                               k_off + head);
+        const u32 count = min((u32)blockDim.x, p + 1 - t0);
+        if (threadIdx.x < count)
+            rowp[threadIdx.x] =
+                (u64)kv_row(arena, pt, t0 + threadIdx.x, (u32)page_size, row_bytes);
+        __syncthreads();
+        // The same number of iterations in every warp: the shuffles need whole warps.
+        for (u32 j = warp; j < blockDim.x; j += warps) {
             float d = 0.0f;
-            for (int i = 0; i < hd; ++i) d = fmaf(qs[i], h2f(kr[i]), d);
-            s = d;
+            if (j < count) {
+                const u32* kr = (const u32*)(rowp[j] + k_off + head);
+                for (int i = lane; i < pairs; i += 32) {
+                    const u32 two = kr[i];
+                    d = fmaf(qs[2 * i], h2f((half_t)(two & 0xffffu)), d);
+                    d = fmaf(qs[2 * i + 1], h2f((half_t)(two >> 16)), d);
+                }
+            }
+            d = warp_sum(d);
+            if (lane == 0) ps[j] = j < count ? d : -DEN_INF;
         }
+        __syncthreads();
+        const float s = ps[threadIdx.x];
         const float tile_max = block_max_f(s, red);
         const float m_new = fmaxf(m, tile_max);
-        const float e = t <= p ? expf(s - m_new) : 0.0f;
+        const float e = threadIdx.x < count ? expf(s - m_new) : 0.0f;
         ps[threadIdx.x] = e;
         const float corr = m == -DEN_INF ? 0.0f : expf(m - m_new);
         // block_sum_f synchronises, so every thread sees the whole tile's `ps` after it.
         const float tile_sum = block_sum_f(e, red);
         l = l * corr + tile_sum;
         m = m_new;
-        const u32 count = min((u32)blockDim.x, p + 1 - t0);
         for (int j = 0; j < 4; ++j) {
             const int d = threadIdx.x + j * blockDim.x;
             if (d < hd) {
                 float a = acc[j] * corr;
                 for (u32 u = 0; u < count; ++u) {
-                    const half_t* vr =
-                        (const half_t*)(kv_row(arena, pt, t0 + u, (u32)page_size, row_bytes) +
-                                        v_off + head);
+                    const half_t* vr = (const half_t*)(rowp[u] + v_off + head);
                     a = fmaf(ps[u], h2f(vr[d]), a);
                 }
                 acc[j] = a;
@@ -226,34 +250,46 @@ extern "C" __global__ void den_attention(const float* q, half_t* out, u64 arena,
     }
 }
 
-// x[r] += o[r], the optional post-norm (Gemma's post_attention_norm / post_ffw_norm)
-// applied to o first. Grid: rows.
-extern "C" __global__ void den_post_add(float* x, const float* o, const float* w, int e,
-                                        float eps) {
+// x[r] += o[r], the optional post-norm `post` (Gemma's post_attention_norm /
+// post_ffw_norm) applied to o first; then, with `norm`, the new row normed into h16 (the
+// next product's input) as den_rms_norm_h does — one launch for the residual and the next
+// sublayer's norm. Grid: rows.
+extern "C" __global__ void den_add_norm_h(float* x, const float* o, const float* post,
+                                          const float* norm, half_t* h16, int e, float eps) {
     __shared__ double shared[32];
     const int r = blockIdx.x;
     const float* orow = o + (u64)r * e;
     float* xr = x + (u64)r * e;
     float scale = 1.0f;
-    if (w) {
+    if (post) {
         double s = 0.0;
         for (int i = threadIdx.x; i < e; i += blockDim.x) s += (double)(orow[i] * orow[i]);
         s = block_sum_d(s, shared);
         scale = 1.0f / sqrtf((float)(s / e) + eps);
     }
+    double s2 = 0.0;
     for (int i = threadIdx.x; i < e; i += blockDim.x) {
         float v = orow[i];
-        if (w) v = (v * scale) * w[i];
-        xr[i] += v;
+        if (post) v = (v * scale) * post[i];
+        const float nx = xr[i] + v;
+        xr[i] = nx;
+        s2 += (double)(nx * nx);
     }
+    if (!norm) return;
+    s2 = block_sum_d(s2, shared);
+    const float nscale = 1.0f / sqrtf((float)(s2 / e) + eps);
+    half_t* yr = h16 + (u64)r * e;
+    for (int i = threadIdx.x; i < e; i += blockDim.x) yr[i] = f2h((xr[i] * nscale) * norm[i]);
 }
 
-// y = f16(act(gate) × up), act = SiLU or GELU (tanh approximation). Grid: ceil(n / block).
-extern "C" __global__ void den_glu(const float* gate, const float* up, half_t* y, u64 n,
-                                   int gelu) {
+// y = f16(act(gate) × up) over rows of `gu` = [gate (n_ff) | up (n_ff)] (one product
+// for both), act = SiLU or GELU (tanh approximation). Grid: ceil(rows × n_ff / block).
+extern "C" __global__ void den_glu(const float* gu, half_t* y, u64 n, int n_ff, int gelu) {
     const u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    const float a = gate[i];
+    const u64 r = i / (u64)n_ff, j = i % (u64)n_ff;
+    const float* row = gu + r * 2 * (u64)n_ff;
+    const float a = row[j];
     float act;
     if (gelu) {
         const float c = 0.7978845608028654f;  // sqrt(2 / pi)
@@ -261,7 +297,7 @@ extern "C" __global__ void den_glu(const float* gate, const float* up, half_t* y
     } else {
         act = a / (1.0f + expf(-a));
     }
-    y[i] = f2h(act * up[i]);
+    y[i] = f2h(act * row[n_ff + j]);
 }
 
 // The index of each row's largest logit (the lowest index among equals). Grid: rows;

@@ -16,13 +16,12 @@ use super::GpuError;
 pub const KERNEL_SOURCE: &str = include_str!("kernels.cu");
 
 /// Every kernel entry point in [`KERNEL_SOURCE`].
-pub const KERNEL_NAMES: [&str; 9] = [
+pub const KERNEL_NAMES: [&str; 8] = [
     "den_embed",
     "den_rms_norm_h",
-    "den_qk_rope",
-    "den_kv_append",
+    "den_qk_rope_append",
     "den_attention",
-    "den_post_add",
+    "den_add_norm_h",
     "den_glu",
     "den_argmax",
     "den_noop",
@@ -77,10 +76,9 @@ fn one_line(e: &impl std::fmt::Display) -> String {
 pub struct Kernels {
     pub embed: CudaFunction,
     pub rms_norm_h: CudaFunction,
-    pub qk_rope: CudaFunction,
-    pub kv_append: CudaFunction,
+    pub qk_rope_append: CudaFunction,
     pub attention: CudaFunction,
-    pub post_add: CudaFunction,
+    pub add_norm_h: CudaFunction,
     pub glu: CudaFunction,
     pub argmax: CudaFunction,
     pub noop: CudaFunction,
@@ -119,10 +117,9 @@ impl Kernels {
         Ok(Kernels {
             embed: f("den_embed")?,
             rms_norm_h: f("den_rms_norm_h")?,
-            qk_rope: f("den_qk_rope")?,
-            kv_append: f("den_kv_append")?,
+            qk_rope_append: f("den_qk_rope_append")?,
             attention: f("den_attention")?,
-            post_add: f("den_post_add")?,
+            add_norm_h: f("den_add_norm_h")?,
             glu: f("den_glu")?,
             argmax: f("den_argmax")?,
             noop: f("den_noop")?,

@@ -3,11 +3,18 @@
 //! position, the sequence whose page table holds it), the same checks, the same order of
 //! operations — with K and V in a page arena in device memory ([`DeviceKv`]).
 //!
-//! Per call: the rows' tokens, positions and page tables are copied up; every layer runs
-//! RMS norm → Q/K/V products → per-head norm and RoPE → K/V into the pages → paged
-//! attention → output product → residual (with Gemma's post-norms) → the gated FFN; the
-//! rows that want logits are normed and projected, and their logits copied back. One
-//! stream; the call returns when the logits are on the host.
+//! Per call: the rows' tokens, positions and page tables are copied up, then the pass runs
+//! as [`crate::gpu_plan::plan`] lists it (9 launches a layer), and the logits (or, greedy,
+//! the argmax tokens) are copied back. One stream; the call returns when they are on the
+//! host.
+//!
+//! The pass for a batch shape (rows, rows wanting logits, greedy) is resolved to device
+//! addresses once and captured as a **CUDA graph** the first time it runs: later steps of
+//! the same shape replay the graph — one launch instead of ~300 for a 30-layer model,
+//! which is what bounds small-batch decode. Everything a step changes (tokens, positions,
+//! page tables) is copied into the same device buffers before the replay. If capture or
+//! instantiation fails, the runner says why ([`GpuRunner::graphs`]) and launches eagerly
+//! from then on; `DEN_CUDA_GRAPHS=0` turns graphs off.
 //!
 //! Differences from the CPU path, by design: weights are f16 (the CPU multiplies the
 //! quantized blocks with 8-bit activations), so logits agree within a tolerance and greedy
@@ -19,16 +26,17 @@ use std::sync::Arc;
 
 use cudarc::cublas::{CudaBlas, result as blas, sys as blas_sys};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
+    CudaContext, CudaFunction, CudaGraph, CudaSlice, CudaStream, DevicePtr, LaunchConfig,
+    PushKernelArg, sys as driver_sys,
 };
 
 use super::GpuError;
 use super::kernels::Kernels;
 use super::libraries::{LoadedLibrary, check_libraries, loaded_libraries};
-use super::weights::{DeviceMatrix, DeviceWeights};
-use crate::arch::{Arch, BatchRow, Model, ModelError};
+use super::weights::DeviceWeights;
+use crate::arch::{BatchRow, Model, ModelError};
+use crate::gpu_plan::{self, Arg, BatchTable, Buffer, Kernel, MAX_HEAD_DIM, PassShape, Step};
 use crate::kv::{KvError, Sequence};
-use crate::ops::math::{Activation, RopeStyle};
 
 /// A page arena in device memory, as the runner reads and writes it: `bytes` at device
 /// address `ptr`, pages of `page_size` rows of `row_bytes` (see [`crate::kv`]).
@@ -41,42 +49,90 @@ pub struct DeviceKv {
 }
 
 impl DeviceKv {
-    fn pages(&self) -> u64 {
+    /// Pages the arena holds.
+    pub fn pages(&self) -> u64 {
         let page = u64::from(self.page_size).saturating_mul(self.row_bytes);
         self.bytes.checked_div(page).unwrap_or(0)
     }
 }
 
-/// Threads per block of the row kernels.
-const BLOCK: u32 = 256;
-/// Threads per block of attention (a head of up to 4 × this many dims).
-const ATTENTION_BLOCK: u32 = 128;
-/// The widest head the kernels take (their shared buffers).
-const MAX_HEAD_DIM: usize = 512;
+/// Environment variable that turns CUDA graphs off (`0`).
+pub const GRAPHS_ENV: &str = "DEN_CUDA_GRAPHS";
+
+/// cuBLAS's workspace, owned by the runner so that captured products never allocate.
+const BLAS_WORKSPACE: usize = 32 << 20;
+
+/// Passes kept resolved (and captured) at once; a batch shape past this evicts them all.
+const MAX_PASSES: usize = 64;
 
 /// Device buffers for up to `cap` rows, reused by every call.
 #[derive(Debug)]
 struct Buffers {
     cap: usize,
-    x: CudaSlice<f32>,
-    q: CudaSlice<f32>,
-    k: CudaSlice<f32>,
-    v: CudaSlice<f32>,
-    o: CudaSlice<f32>,
-    gate: CudaSlice<f32>,
-    up: CudaSlice<f32>,
-    /// f16 inputs of the products: normed rows, attention output, FFN activation.
-    h16: CudaSlice<u16>,
-    att16: CudaSlice<u16>,
-    ff16: CudaSlice<u16>,
-    logits: CudaSlice<f32>,
-    tokens: CudaSlice<u32>,
-    pos: CudaSlice<u32>,
-    row_seq: CudaSlice<u32>,
-    logit_rows: CudaSlice<u32>,
-    pt_off: CudaSlice<u32>,
-    pages: CudaSlice<u32>,
-    argmax: CudaSlice<u32>,
+    f32s: HashMap<Buffer, CudaSlice<f32>>,
+    u16s: HashMap<Buffer, CudaSlice<u16>>,
+    u32s: HashMap<Buffer, CudaSlice<u32>>,
+}
+
+const F32_BUFFERS: [Buffer; 5] = [
+    Buffer::X,
+    Buffer::Qkv,
+    Buffer::O,
+    Buffer::Gu,
+    Buffer::Logits,
+];
+const U16_BUFFERS: [Buffer; 3] = [Buffer::H16, Buffer::Att16, Buffer::Ff16];
+const U32_BUFFERS: [Buffer; 7] = [
+    Buffer::Tokens,
+    Buffer::Pos,
+    Buffer::RowSeq,
+    Buffer::LogitRows,
+    Buffer::PtOff,
+    Buffer::Pages,
+    Buffer::Argmax,
+];
+
+/// A kernel argument resolved to its value.
+#[derive(Debug, Clone, Copy)]
+enum Value {
+    U64(u64),
+    I32(i32),
+    F32(f32),
+}
+
+/// A step resolved to device addresses.
+#[derive(Debug)]
+enum Resolved {
+    Launch {
+        kernel: Kernel,
+        cfg: LaunchConfig,
+        args: Vec<Value>,
+    },
+    Gemm {
+        input: u64,
+        weight: u64,
+        out: u64,
+        rows: i32,
+        m: i32,
+        k: i32,
+    },
+}
+
+/// A pass resolved for one shape and arena, and its graph once captured.
+struct Pass {
+    steps: Vec<Resolved>,
+    graph: Option<CudaGraph>,
+}
+
+/// Whether the runner replays CUDA graphs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GraphState {
+    /// Passes are captured and replayed; `captured` graphs are held.
+    On { captured: usize },
+    /// Turned off by [`GRAPHS_ENV`] or [`GpuRunner::set_graphs`].
+    Off,
+    /// Capture failed once (the error); the runner launches eagerly.
+    Failed(String),
 }
 
 /// Runs a [`Model`] on a GPU. One runner runs one batch at a time (`&mut self`).
@@ -84,9 +140,16 @@ pub struct GpuRunner<'m, 'a> {
     model: &'m Model<'a>,
     stream: Arc<CudaStream>,
     blas: CudaBlas,
+    _blas_workspace: CudaSlice<u8>,
     k: Kernels,
     w: DeviceWeights,
     b: Buffers,
+    /// Every buffer's and weight's device address (the arena's is per call).
+    addresses: HashMap<Buffer, u64>,
+    passes: HashMap<(PassShape, u64), Pass>,
+    graphs: GraphState,
+    /// Whether [`GpuRunner::take_graph_failure`] has handed out the failure.
+    failure_taken: bool,
     logits: Vec<f32>,
     libraries: Vec<LoadedLibrary>,
     device_name: String,
@@ -98,17 +161,9 @@ impl std::fmt::Debug for GpuRunner<'_, '_> {
             .field("device", &self.device_name)
             .field("kernels", &self.k.origin)
             .field("weight_bytes", &self.w.bytes)
+            .field("graphs", &self.graphs)
             .finish_non_exhaustive()
     }
-}
-
-fn dptr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
-    let (p, _sync) = s.device_ptr(stream);
-    p
-}
-
-fn launch_err(what: &str) -> impl Fn(cudarc::driver::DriverError) -> GpuError + '_ {
-    move |e| GpuError::call(&format!("launching {what}"), e)
 }
 
 impl<'m, 'a> GpuRunner<'m, 'a> {
@@ -122,9 +177,13 @@ impl<'m, 'a> GpuRunner<'m, 'a> {
     ) -> Result<GpuRunner<'m, 'a>, GpuError> {
         check_libraries(super::kernels::ptx_file().is_none())?;
         let c = model.config();
-        if c.head_dim > MAX_HEAD_DIM || c.n_rot > c.head_dim || c.head_dim == 0 {
+        if c.head_dim > MAX_HEAD_DIM
+            || c.n_rot > c.head_dim
+            || c.head_dim == 0
+            || !c.head_dim.is_multiple_of(2)
+        {
             return Err(GpuError::Unsupported(format!(
-                "head_dim {} (rotated {}): the kernels take heads of 1 to {MAX_HEAD_DIM} dims",
+                "head_dim {} (rotated {}): the kernels take even heads of 2 to {MAX_HEAD_DIM} dims",
                 c.head_dim, c.n_rot
             )));
         }
@@ -140,23 +199,52 @@ impl<'m, 'a> GpuRunner<'m, 'a> {
             .map_err(|e| GpuError::call("creating a stream", e))?;
         let blas =
             CudaBlas::new(Arc::clone(&stream)).map_err(|e| GpuError::call("starting cuBLAS", e))?;
+        let workspace = stream
+            .alloc_zeros::<u8>(BLAS_WORKSPACE)
+            .map_err(|e| GpuError::call("allocating cuBLAS's workspace", e))?;
+        // SAFETY: the workspace is device memory of the stated size that outlives the
+        // handle (both are fields of the runner; the handle is dropped first).
+        let set = unsafe {
+            blas_sys::cublasSetWorkspace_v2(
+                *blas.handle(),
+                dptr(&workspace, &stream) as *mut _,
+                BLAS_WORKSPACE,
+            )
+        };
+        if set != blas_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            return Err(GpuError::Unsupported(format!(
+                "cuBLAS refused its workspace ({set:?})"
+            )));
+        }
         let k = Kernels::load(ctx)?;
         let w = DeviceWeights::upload(model, &stream)?;
         let b = Buffers::new(&stream, model, max_batch.max(1), 1)?;
         stream
             .synchronize()
             .map_err(|e| GpuError::call("uploading the weights", e))?;
-        Ok(GpuRunner {
+        let graphs = if std::env::var_os(GRAPHS_ENV).is_some_and(|v| v == "0") {
+            GraphState::Off
+        } else {
+            GraphState::On { captured: 0 }
+        };
+        let mut runner = GpuRunner {
             model,
             stream,
             blas,
+            _blas_workspace: workspace,
             k,
             w,
             b,
+            addresses: HashMap::new(),
+            passes: HashMap::new(),
+            graphs,
+            failure_taken: false,
             logits: Vec::new(),
             libraries: loaded_libraries(),
             device_name,
-        })
+        };
+        runner.resolve_addresses();
+        Ok(runner)
     }
 
     pub fn model(&self) -> &'m Model<'a> {
@@ -183,15 +271,48 @@ impl<'m, 'a> GpuRunner<'m, 'a> {
         self.w.bytes
     }
 
+    /// Whether passes replay as CUDA graphs.
+    pub fn graphs(&self) -> GraphState {
+        match &self.graphs {
+            GraphState::On { .. } => GraphState::On {
+                captured: self.passes.values().filter(|p| p.graph.is_some()).count(),
+            },
+            other => other.clone(),
+        }
+    }
+
+    /// Why graph capture failed, once (the first call after the failure), for a log line.
+    pub fn take_graph_failure(&mut self) -> Option<String> {
+        match &self.graphs {
+            GraphState::Failed(why) if !self.failure_taken => {
+                self.failure_taken = true;
+                Some(why.clone())
+            }
+            _ => None,
+        }
+    }
+
+    /// Turns graph replay on or off (a failed capture stays failed).
+    pub fn set_graphs(&mut self, on: bool) {
+        match (&self.graphs, on) {
+            (GraphState::Failed(_), _) => {}
+            (_, true) => self.graphs = GraphState::On { captured: 0 },
+            (_, false) => {
+                self.graphs = GraphState::Off;
+                self.passes.values_mut().for_each(|p| p.graph = None);
+            }
+        }
+    }
+
     /// Runs `rows` (any mix of sequences) and returns the logits of the rows with `logits`
     /// set, in order, `vocab` each, as [`crate::Runner::forward`] does.
     pub fn forward(&mut self, rows: &[BatchRow<'_>], kv: &DeviceKv) -> Result<&[f32], ModelError> {
-        let wanted = self.run(rows, kv)?;
+        let wanted = self.run(rows, kv, false)?;
         let vocab = self.model.config().vocab;
         let need = wanted * vocab;
         self.logits.resize(need, 0.0);
         if need > 0 {
-            let view = self.b.logits.slice(0..need);
+            let view = self.b.f32(Buffer::Logits)?.slice(0..need);
             self.stream
                 .memcpy_dtoh(&view, &mut self.logits[..need])
                 .map_err(|e| GpuError::call("copying logits back", e))?;
@@ -238,25 +359,10 @@ impl<'m, 'a> GpuRunner<'m, 'a> {
         rows: &[BatchRow<'_>],
         kv: &DeviceKv,
     ) -> Result<Vec<u32>, ModelError> {
-        let wanted = self.run(rows, kv)?;
+        let wanted = self.run(rows, kv, true)?;
         let mut out = vec![0u32; wanted];
         if wanted > 0 {
-            let (logits, argmax) = (
-                dptr(&self.b.logits, &self.stream),
-                dptr(&self.b.argmax, &self.stream),
-            );
-            let vocab = self.model.config().vocab as i32;
-            // den_argmax's block is 256 threads (its shared arrays).
-            launch(
-                &self.stream,
-                &self.k.argmax,
-                grid(wanted, 1, 256),
-                "den_argmax",
-                |l| {
-                    l.arg(&logits).arg(&argmax).arg(&vocab);
-                },
-            )?;
-            let view = self.b.argmax.slice(0..wanted);
+            let view = self.b.u32(Buffer::Argmax)?.slice(0..wanted);
             self.stream
                 .memcpy_dtoh(&view, &mut out[..])
                 .map_err(|e| GpuError::call("copying tokens back", e))?;
@@ -270,13 +376,8 @@ impl<'m, 'a> GpuRunner<'m, 'a> {
     /// Launches an empty kernel `n` times and waits: launch overhead, for `gpu-check`.
     pub fn launch_noops(&self, n: usize) -> Result<(), GpuError> {
         for _ in 0..n {
-            launch(
-                &self.stream,
-                &self.k.noop,
-                grid(1, 1, 32),
-                "den_noop",
-                |_| {},
-            )?;
+            let l = self.stream.launch_builder(&self.k.noop);
+            launch_with(l, grid((1, 1), 32), &[], "den_noop")?;
         }
         self.stream
             .synchronize()
@@ -307,243 +408,254 @@ impl<'m, 'a> GpuRunner<'m, 'a> {
         Ok(())
     }
 
-    /// The pass up to the logits on the device; returns how many rows want logits.
-    fn run(&mut self, rows: &[BatchRow<'_>], kv: &DeviceKv) -> Result<usize, ModelError> {
+    /// The pass up to the logits (and with `greedy` the argmax) on the device; returns how
+    /// many rows want logits.
+    fn run(
+        &mut self,
+        rows: &[BatchRow<'_>],
+        kv: &DeviceKv,
+        greedy: bool,
+    ) -> Result<usize, ModelError> {
         self.check(rows, kv)?;
         let n = rows.len();
         if n == 0 {
             return Ok(0);
         }
-        // Sequences by identity, each with its page table once.
-        let mut seq_index: HashMap<*const Sequence, u32> = HashMap::new();
-        let mut pt_off: Vec<u32> = Vec::new();
-        let mut pages: Vec<u32> = Vec::new();
-        let mut row_seq = Vec::with_capacity(n);
-        for r in rows {
-            let key: *const Sequence = r.seq;
-            let i = match seq_index.get(&key) {
-                Some(i) => *i,
-                None => {
-                    let i = pt_off.len() as u32;
-                    pt_off.push(pages.len() as u32);
-                    if let Some(p) = r.seq.pages().iter().find(|p| u64::from(**p) >= kv.pages()) {
-                        return Err(ModelError::Input(format!(
-                            "page {p} is past the device arena ({} pages)",
-                            kv.pages()
-                        )));
-                    }
-                    pages.extend_from_slice(r.seq.pages());
-                    seq_index.insert(key, i);
-                    i
-                }
-            };
-            row_seq.push(i);
-        }
-        pt_off.push(pages.len() as u32);
-        let tokens: Vec<u32> = rows.iter().map(|r| r.token).collect();
-        let pos: Vec<u32> = rows.iter().map(|r| r.pos).collect();
-        let logit_rows: Vec<u32> = (0..n as u32).filter(|i| rows[*i as usize].logits).collect();
-        if n > self.b.cap || pages.len() > self.b.pages.len() {
-            self.b = Buffers::new(&self.stream, self.model, n.max(self.b.cap), pages.len())?;
-        }
-        let up = |host: &[u32], dev: &mut CudaSlice<u32>, stream: &Arc<CudaStream>| {
-            if host.is_empty() {
-                return Ok(());
-            }
-            let mut view = dev.slice_mut(0..host.len());
-            stream
-                .memcpy_htod(host, &mut view)
-                .map_err(|e| GpuError::call("copying the batch up", e))
-        };
-        up(&tokens, &mut self.b.tokens, &self.stream)?;
-        up(&pos, &mut self.b.pos, &self.stream)?;
-        up(&row_seq, &mut self.b.row_seq, &self.stream)?;
-        up(&pt_off, &mut self.b.pt_off, &self.stream)?;
-        up(&pages, &mut self.b.pages, &self.stream)?;
-        up(&logit_rows, &mut self.b.logit_rows, &self.stream)?;
-        self.layers(n, &logit_rows, kv)?;
-        Ok(logit_rows.len())
-    }
-
-    fn layers(&self, n: usize, logit_rows: &[u32], kv: &DeviceKv) -> Result<(), GpuError> {
-        let m = self.model;
-        let c = m.config();
-        let s = &self.stream;
-        let b = &self.b;
-        let (e, hd) = (c.n_embd as i32, c.head_dim as i32);
-        let kvd = c.n_head_kv * c.head_dim;
-        let layout = m.kv_layout();
-        let rows_cfg = |threads: u32| grid(n, 1, threads);
-        let (x, q, k, v, o) = (
-            dptr(&b.x, s),
-            dptr(&b.q, s),
-            dptr(&b.k, s),
-            dptr(&b.v, s),
-            dptr(&b.o, s),
-        );
-        let (gate, up) = (dptr(&b.gate, s), dptr(&b.up, s));
-        let (h16, att16, ff16) = (dptr(&b.h16, s), dptr(&b.att16, s), dptr(&b.ff16, s));
-        let (tokens, pos, row_seq) = (dptr(&b.tokens, s), dptr(&b.pos, s), dptr(&b.row_seq, s));
-        let (pt_off, pages, lrows) = (
-            dptr(&b.pt_off, s),
-            dptr(&b.pages, s),
-            dptr(&b.logit_rows, s),
-        );
-        let null = 0u64;
-        let eps = c.eps;
-
-        // Embeddings.
-        let table = dptr(&self.w.token_embd.data, s);
-        let scale = if c.arch == Arch::Gemma3 {
-            c.embd_scale
-        } else {
-            1.0
-        };
-        launch(s, &self.k.embed, rows_cfg(BLOCK), "den_embed", |l| {
-            l.arg(&table).arg(&tokens).arg(&x).arg(&e).arg(&scale);
-        })?;
-
-        // Every row normed by `w` into `h16`, the next product's input.
-        let norm_rows = |w: &CudaSlice<f32>| {
-            let w = dptr(w, s);
-            launch(
-                s,
-                &self.k.rms_norm_h,
-                rows_cfg(BLOCK),
-                "den_rms_norm_h",
-                |l| {
-                    l.arg(&x).arg(&w).arg(&h16).arg(&null).arg(&e).arg(&eps);
-                },
-            )
-        };
-        // x += o, o normed first by Gemma's post-norm `w`.
-        let add_rows = |w: Option<&CudaSlice<f32>>| {
-            let w = if c.post_norms {
-                w.map_or(0, |t| dptr(t, s))
-            } else {
-                0
-            };
-            launch(s, &self.k.post_add, rows_cfg(BLOCK), "den_post_add", |l| {
-                l.arg(&x).arg(&o).arg(&w).arg(&e).arg(&eps);
-            })
-        };
-        let last = m.layers.len().saturating_sub(1);
-        for (li, (layer, lc)) in self.w.layers.iter().zip(&c.layers).enumerate() {
-            // Attention.
-            norm_rows(&layer.attn_norm)?;
-            self.gemm(h16, &layer.wq, q, n)?;
-            self.gemm(h16, &layer.wk, k, n)?;
-            self.gemm(h16, &layer.wv, v, n)?;
-            let qn = layer.q_norm.as_ref().map_or(0, |t| dptr(t, s));
-            let kn = layer.k_norm.as_ref().map_or(0, |t| dptr(t, s));
-            let qk_norm = i32::from(c.qk_norm && qn != 0 && kn != 0);
-            let (n_head, n_kv) = (c.n_head as i32, c.n_head_kv as i32);
-            let n_rot = c.n_rot as i32;
-            let neox = i32::from(c.rope_style == RopeStyle::Neox);
-            let (base, rope_scale, attn_scale) = (lc.rope_base, lc.rope_scale, c.attn_scale);
-            let heads_cfg = grid(n, c.n_head + c.n_head_kv, 128);
-            launch(s, &self.k.qk_rope, heads_cfg, "den_qk_rope", |l| {
-                l.arg(&q).arg(&k).arg(&qn).arg(&kn).arg(&pos);
-                l.arg(&n_head).arg(&n_kv).arg(&hd).arg(&n_rot).arg(&neox);
-                l.arg(&base)
-                    .arg(&rope_scale)
-                    .arg(&attn_scale)
-                    .arg(&qk_norm)
-                    .arg(&eps);
-            })?;
-            let (k_off, v_off) = (layout.k_offset(li) as u64, layout.v_offset(li) as u64);
-            let kvd_i = kvd as i32;
-            let (arena, row_bytes, page_size) = (kv.ptr, kv.row_bytes, kv.page_size as i32);
-            launch(
-                s,
-                &self.k.kv_append,
-                rows_cfg(BLOCK),
-                "den_kv_append",
-                |l| {
-                    l.arg(&k)
-                        .arg(&v)
-                        .arg(&arena)
-                        .arg(&row_seq)
-                        .arg(&pos)
-                        .arg(&pt_off);
-                    l.arg(&pages)
-                        .arg(&kvd_i)
-                        .arg(&row_bytes)
-                        .arg(&page_size)
-                        .arg(&k_off)
-                        .arg(&v_off);
-                },
+        let table = BatchTable::of(rows, kv.pages())?;
+        if n > self.b.cap || table.pages.len() > self.b.u32(Buffer::Pages)?.len() {
+            // New buffers: every resolved pass and graph names the old addresses.
+            self.passes.clear();
+            self.b = Buffers::new(
+                &self.stream,
+                self.model,
+                n.max(self.b.cap),
+                table.pages.len(),
             )?;
-            if li == last && logit_rows.is_empty() {
-                break;
+            self.resolve_addresses();
+        }
+        for (buffer, host) in [
+            (Buffer::Tokens, &table.tokens),
+            (Buffer::Pos, &table.pos),
+            (Buffer::RowSeq, &table.row_seq),
+            (Buffer::PtOff, &table.pt_off),
+            (Buffer::Pages, &table.pages),
+            (Buffer::LogitRows, &table.logit_rows),
+        ] {
+            if host.is_empty() {
+                continue;
             }
-            let window = lc.window.map_or(0, |w| w.min(i32::MAX as u32) as i32);
-            let att_cfg = grid(n, c.n_head, ATTENTION_BLOCK);
-            launch(s, &self.k.attention, att_cfg, "den_attention", |l| {
-                l.arg(&q)
-                    .arg(&att16)
-                    .arg(&arena)
-                    .arg(&row_seq)
-                    .arg(&pos)
-                    .arg(&pt_off);
-                l.arg(&pages)
-                    .arg(&n_head)
-                    .arg(&n_kv)
-                    .arg(&hd)
-                    .arg(&row_bytes);
-                l.arg(&page_size).arg(&k_off).arg(&v_off).arg(&window);
-            })?;
-            self.gemm(att16, &layer.wo, o, n)?;
-            add_rows(layer.post_attn_norm.as_ref())?;
-            // FFN.
-            norm_rows(&layer.ffn_norm)?;
-            self.gemm(h16, &layer.gate, gate, n)?;
-            self.gemm(h16, &layer.up, up, n)?;
-            let elements = (n * c.n_ff) as u64;
-            let gelu = i32::from(c.activation == Activation::GeluTanh);
-            let glu_cfg = grid(elements.div_ceil(u64::from(BLOCK)) as usize, 1, BLOCK);
-            launch(s, &self.k.glu, glu_cfg, "den_glu", |l| {
-                l.arg(&gate).arg(&up).arg(&ff16).arg(&elements).arg(&gelu);
-            })?;
-            self.gemm(ff16, &layer.down, o, n)?;
-            add_rows(layer.post_ffn_norm.as_ref())?;
+            let dev = self
+                .b
+                .u32s
+                .get_mut(&buffer)
+                .ok_or(GpuError::Unsupported(format!("no buffer {buffer:?}")))?;
+            let mut view = dev.slice_mut(0..host.len());
+            self.stream
+                .memcpy_htod(host, &mut view)
+                .map_err(|e| GpuError::call("copying the batch up", e))?;
         }
-        let wanted = logit_rows.len();
-        if wanted == 0 {
-            return Ok(());
-        }
-        // The rows that want logits, normed into h16's first rows, then projected.
-        let norm = dptr(&self.w.output_norm, s);
-        launch(
-            s,
-            &self.k.rms_norm_h,
-            grid(wanted, 1, BLOCK),
-            "den_rms_norm_h",
-            |l| {
-                l.arg(&x).arg(&norm).arg(&h16).arg(&lrows).arg(&e).arg(&eps);
-            },
-        )?;
-        let logits = dptr(&self.b.logits, s);
-        self.gemm(h16, self.w.output(), logits, wanted)
+        let shape = PassShape {
+            rows: n,
+            wanted: table.logit_rows.len(),
+            greedy,
+            row_bytes: kv.row_bytes,
+            page_size: kv.page_size,
+        };
+        self.run_pass(shape, kv.ptr)?;
+        Ok(table.logit_rows.len())
     }
 
-    /// `out[n × w.rows] (f32) = input[n × w.cols] (f16) · wᵀ`: in cuBLAS's column-major
-    /// terms `outᵀ = op(W) · inputᵀ` with W read transposed.
-    fn gemm(&self, input: u64, w: &DeviceMatrix, out: u64, n: usize) -> Result<(), GpuError> {
+    /// Runs the pass for `shape` on the arena at `arena`: its graph if captured, else
+    /// captured now (graphs on), else launched step by step.
+    fn run_pass(&mut self, shape: PassShape, arena: u64) -> Result<(), GpuError> {
+        let key = (shape, arena);
+        if !self.passes.contains_key(&key) {
+            if self.passes.len() >= MAX_PASSES {
+                self.passes.clear();
+            }
+            let steps = gpu_plan::plan(self.model, shape)
+                .iter()
+                .map(|s| self.resolve(s, arena))
+                .collect::<Result<Vec<_>, _>>()?;
+            self.passes.insert(key, Pass { steps, graph: None });
+        }
+        let Some(pass) = self.passes.get(&key) else {
+            return Err(GpuError::Unsupported("a resolved pass went missing".into()));
+        };
+        if let Some(graph) = &pass.graph {
+            return graph
+                .launch()
+                .map_err(|e| GpuError::call("replaying the pass's CUDA graph", e));
+        }
+        if !matches!(self.graphs, GraphState::On { .. }) {
+            return self.execute(&pass.steps);
+        }
+        match self.capture(&pass.steps) {
+            Ok(graph) => {
+                let launched = graph
+                    .launch()
+                    .map_err(|e| GpuError::call("replaying the pass's CUDA graph", e));
+                if let Some(pass) = self.passes.get_mut(&key) {
+                    pass.graph = Some(graph);
+                }
+                launched
+            }
+            Err(e) => {
+                // Launch eagerly from now on; the reason stays visible in `graphs()`.
+                self.graphs = GraphState::Failed(e.to_string());
+                let Some(pass) = self.passes.get(&key) else {
+                    return Err(GpuError::Unsupported("a resolved pass went missing".into()));
+                };
+                self.execute(&pass.steps)
+            }
+        }
+    }
+
+    /// `steps` captured into a graph (not run).
+    fn capture(&self, steps: &[Resolved]) -> Result<CudaGraph, GpuError> {
+        self.stream
+            .begin_capture(driver_sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(|e| GpuError::call("starting a CUDA graph capture", e))?;
+        let recorded = self.execute(steps);
+        // End the capture whatever happened, so the stream leaves capture mode.
+        let ended = self
+            .stream
+            .end_capture(driver_sys::CUgraphInstantiate_flags(0));
+        recorded?;
+        match ended {
+            Ok(Some(graph)) => Ok(graph),
+            Ok(None) => Err(GpuError::Unsupported(
+                "the CUDA graph capture came back empty".into(),
+            )),
+            Err(e) => Err(GpuError::call("instantiating the pass's CUDA graph", e)),
+        }
+    }
+
+    /// Launches `steps` on the stream.
+    fn execute(&self, steps: &[Resolved]) -> Result<(), GpuError> {
+        for step in steps {
+            match step {
+                Resolved::Launch { kernel, cfg, args } => {
+                    let l = self.stream.launch_builder(self.function(*kernel));
+                    launch_with(l, *cfg, args, kernel.name())?;
+                }
+                Resolved::Gemm {
+                    input,
+                    weight,
+                    out,
+                    rows,
+                    m,
+                    k,
+                } => self.gemm(*input, *weight, *out, *rows, *m, *k)?,
+            }
+        }
+        Ok(())
+    }
+
+    fn function(&self, k: Kernel) -> &CudaFunction {
+        match k {
+            Kernel::Embed => &self.k.embed,
+            Kernel::RmsNormH => &self.k.rms_norm_h,
+            Kernel::QkRopeAppend => &self.k.qk_rope_append,
+            Kernel::Attention => &self.k.attention,
+            Kernel::AddNormH => &self.k.add_norm_h,
+            Kernel::Glu => &self.k.glu,
+            Kernel::Argmax => &self.k.argmax,
+        }
+    }
+
+    /// Every buffer's and weight's device address, after (re)allocation.
+    fn resolve_addresses(&mut self) {
+        let s = &self.stream;
+        let mut a = HashMap::new();
+        for (b, slice) in &self.b.f32s {
+            a.insert(*b, dptr(slice, s));
+        }
+        for (b, slice) in &self.b.u16s {
+            a.insert(*b, dptr(slice, s));
+        }
+        for (b, slice) in &self.b.u32s {
+            a.insert(*b, dptr(slice, s));
+        }
+        for (t, p) in self.w.addresses(s) {
+            a.insert(Buffer::Weight(t), p);
+        }
+        self.addresses = a;
+    }
+
+    fn address(&self, b: Buffer, arena: u64) -> Result<u64, GpuError> {
+        if b == Buffer::Arena {
+            return Ok(arena);
+        }
+        self.addresses.get(&b).copied().ok_or_else(|| {
+            GpuError::Unsupported(format!("the pass names {b:?}, not on the device"))
+        })
+    }
+
+    fn resolve(&self, step: &Step, arena: u64) -> Result<Resolved, GpuError> {
+        Ok(match step {
+            Step::Launch {
+                kernel,
+                grid: g,
+                block,
+                args,
+            } => Resolved::Launch {
+                kernel: *kernel,
+                cfg: grid(*g, *block),
+                args: args
+                    .iter()
+                    .map(|a| {
+                        Ok(match a {
+                            Arg::Ptr(b) => Value::U64(self.address(*b, arena)?),
+                            Arg::Null => Value::U64(0),
+                            Arg::I32(v) => Value::I32(*v),
+                            Arg::U64(v) => Value::U64(*v),
+                            Arg::F32(v) => Value::F32(*v),
+                        })
+                    })
+                    .collect::<Result<_, GpuError>>()?,
+            },
+            Step::Gemm {
+                input,
+                weight,
+                out,
+                rows,
+                m,
+                k,
+            } => Resolved::Gemm {
+                input: self.address(*input, arena)?,
+                weight: self.address(Buffer::Weight(*weight), arena)?,
+                out: self.address(*out, arena)?,
+                rows: *rows as i32,
+                m: *m as i32,
+                k: *k as i32,
+            },
+        })
+    }
+
+    /// `out[n × m] (f32) = input[n × k] (f16) · wᵀ` for a `m × k` weight: in cuBLAS's
+    /// column-major terms `outᵀ = op(W) · inputᵀ` with W read transposed.
+    fn gemm(
+        &self,
+        input: u64,
+        weights: u64,
+        out: u64,
+        n: i32,
+        m: i32,
+        k: i32,
+    ) -> Result<(), GpuError> {
         let alpha = 1.0f32;
         let beta = 0.0f32;
-        let weights = dptr(&w.data, &self.stream);
-        let (m, k) = (w.rows as i32, w.cols as i32);
-        // SAFETY: `weights` holds rows × cols f16, `input` at least n × cols f16 and `out`
-        // at least n × rows f32 (the buffers are sized for the batch and the model); the
-        // handle runs on this runner's stream.
+        // SAFETY: `weights` holds m × k f16, `input` at least n × k f16 and `out` at least
+        // n × m f32 (the plan names buffers sized for the batch and the model); the handle
+        // runs on this runner's stream.
         unsafe {
             blas::gemm_ex(
                 *self.blas.handle(),
                 blas_sys::cublasOperation_t::CUBLAS_OP_T,
                 blas_sys::cublasOperation_t::CUBLAS_OP_N,
                 m,
-                n as i32,
+                n,
                 k,
                 (&alpha) as *const f32 as *const _,
                 weights as *const _,
@@ -564,29 +676,39 @@ impl<'m, 'a> GpuRunner<'m, 'a> {
     }
 }
 
+fn dptr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
+    let (p, _sync) = s.device_ptr(stream);
+    p
+}
+
 /// `x × y` blocks of `threads` threads.
-fn grid(x: usize, y: usize, threads: u32) -> LaunchConfig {
+fn grid((x, y): (u32, u32), threads: u32) -> LaunchConfig {
     LaunchConfig {
-        grid_dim: (x as u32, y as u32, 1),
+        grid_dim: (x, y, 1),
         block_dim: (threads, 1, 1),
         shared_mem_bytes: 0,
     }
 }
 
-/// Launches `f` with the arguments `args` pushes.
-fn launch<'a>(
-    stream: &'a Arc<CudaStream>,
-    f: &'a CudaFunction,
+/// Launches with `args` pushed in order.
+fn launch_with<'a>(
+    mut l: cudarc::driver::LaunchArgs<'a>,
     cfg: LaunchConfig,
+    args: &'a [Value],
     what: &str,
-    args: impl FnOnce(&mut cudarc::driver::LaunchArgs<'a>),
 ) -> Result<(), GpuError> {
-    let mut l = stream.launch_builder(f);
-    args(&mut l);
-    // SAFETY: each call site pushes exactly the kernel's parameters, in order and of the
-    // kernel's types (pointers as u64 device addresses, ints as i32, sizes as u64), and
-    // every buffer is sized for the batch it launches over.
-    unsafe { l.launch(cfg) }.map_err(launch_err(what))?;
+    for a in args {
+        match a {
+            Value::U64(v) => l.arg(v),
+            Value::I32(v) => l.arg(v),
+            Value::F32(v) => l.arg(v),
+        };
+    }
+    // SAFETY: the plan (`gpu_plan::plan`) pushes exactly each kernel's parameters, in
+    // order and of the kernel's types (pointers as u64 device addresses, ints as i32,
+    // sizes as u64), every buffer sized for the batch it launches over; the emulated
+    // tests run the same plan against the kernels' signatures.
+    unsafe { l.launch(cfg) }.map_err(|e| GpuError::call(&format!("launching {what}"), e))?;
     Ok(())
 }
 
@@ -597,45 +719,44 @@ impl Buffers {
         cap: usize,
         pages: usize,
     ) -> Result<Buffers, GpuError> {
-        let c = model.config();
-        let qd = c.n_head * c.head_dim;
-        let kvd = c.n_head_kv * c.head_dim;
-        let widest = c.n_embd.max(qd).max(c.n_ff);
-        let f32s = |len: usize| {
-            stream
-                .alloc_zeros::<f32>(len.max(1))
-                .map_err(|e| GpuError::call("allocating activations", e))
-        };
-        let u16s = |len: usize| {
-            stream
-                .alloc_zeros::<u16>(len.max(1))
-                .map_err(|e| GpuError::call("allocating activations", e))
-        };
-        let u32s = |len: usize| {
-            stream
-                .alloc_zeros::<u32>(len.max(1))
-                .map_err(|e| GpuError::call("allocating batch tables", e))
-        };
-        Ok(Buffers {
+        let err = |e| GpuError::call("allocating activations", e);
+        let mut b = Buffers {
             cap,
-            x: f32s(cap * c.n_embd)?,
-            q: f32s(cap * qd)?,
-            k: f32s(cap * kvd)?,
-            v: f32s(cap * kvd)?,
-            o: f32s(cap * c.n_embd)?,
-            gate: f32s(cap * c.n_ff)?,
-            up: f32s(cap * c.n_ff)?,
-            h16: u16s(cap * widest)?,
-            att16: u16s(cap * qd)?,
-            ff16: u16s(cap * c.n_ff)?,
-            logits: f32s(cap * c.vocab)?,
-            tokens: u32s(cap)?,
-            pos: u32s(cap)?,
-            row_seq: u32s(cap)?,
-            logit_rows: u32s(cap)?,
-            pt_off: u32s(cap + 1)?,
-            pages: u32s(pages.max(cap))?,
-            argmax: u32s(cap)?,
-        })
+            f32s: HashMap::new(),
+            u16s: HashMap::new(),
+            u32s: HashMap::new(),
+        };
+        for buf in F32_BUFFERS {
+            let len = gpu_plan::buffer_len(model, buf, cap);
+            b.f32s
+                .insert(buf, stream.alloc_zeros::<f32>(len).map_err(err)?);
+        }
+        for buf in U16_BUFFERS {
+            let len = gpu_plan::buffer_len(model, buf, cap);
+            b.u16s
+                .insert(buf, stream.alloc_zeros::<u16>(len).map_err(err)?);
+        }
+        for buf in U32_BUFFERS {
+            let len = if buf == Buffer::Pages {
+                pages.max(cap)
+            } else {
+                gpu_plan::buffer_len(model, buf, cap)
+            };
+            b.u32s
+                .insert(buf, stream.alloc_zeros::<u32>(len).map_err(err)?);
+        }
+        Ok(b)
+    }
+
+    fn f32(&self, b: Buffer) -> Result<&CudaSlice<f32>, GpuError> {
+        self.f32s
+            .get(&b)
+            .ok_or_else(|| GpuError::Unsupported(format!("no buffer {b:?}")))
+    }
+
+    fn u32(&self, b: Buffer) -> Result<&CudaSlice<u32>, GpuError> {
+        self.u32s
+            .get(&b)
+            .ok_or_else(|| GpuError::Unsupported(format!("no buffer {b:?}")))
     }
 }

@@ -17,7 +17,7 @@ use std::time::Instant;
 use den_model::gguf::GgufFile;
 use den_model::gpu::{
     DeviceArena, GpuError, GpuRunner, KERNEL_NAMES, compile_ptx, libraries::CudaLibraries,
-    open_device,
+    open_device, runner::GraphState,
 };
 use den_model::kv::{HostKvPages, Sequence};
 use den_model::{BatchRow, GgmlType, Model, Runner, RunnerOptions};
@@ -241,6 +241,39 @@ fn gpu_greedy_continuations_equal_the_cpus_on_a_real_model() {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU: agent/gpu-check runs it"]
+fn gpu_passes_replay_as_cuda_graphs_with_the_eager_passs_results() {
+    let shape = smollm2_shape(4);
+    let f = GgufFile::from_bytes("graphs.gguf".to_string(), build(&shape, 3)).unwrap();
+    let m = Model::load(&f).unwrap();
+    let mut p = pair(&m, 64);
+    let kv = p.arena.kv();
+    let prompt: Vec<u32> = (0..20)
+        .map(|i| (i * 131 + 7) % shape.vocab as u32)
+        .collect();
+    // The same steps twice from the same state: graphs on (captured at the first decode,
+    // replayed after), then off.
+    let mut runs = Vec::new();
+    for graphs in [true, false] {
+        p.gpu.set_graphs(graphs);
+        let mut s = Sequence::with_pages((0..64).collect(), 0);
+        let mut logits = p.gpu.prefill(&prompt, &kv, &mut s).unwrap().to_vec();
+        for t in 0..6u32 {
+            logits.extend_from_slice(p.gpu.prefill(&[t + 1], &kv, &mut s).unwrap());
+        }
+        runs.push(logits);
+        if graphs {
+            match p.gpu.graphs() {
+                GraphState::On { captured } => assert!(captured >= 2, "{captured} graphs"),
+                other => panic!("graphs are not replayed: {other:?}"),
+            }
+        }
+    }
+    let e = rel_err(&runs[0], &runs[1]);
+    assert!(e < 1e-5, "graph replay differs from eager launches by {e}");
+}
+
+#[test]
 #[ignore = "a benchmark on an NVIDIA GPU: agent/gpu-check runs it"]
 fn bench_gpu_forward() {
     let path = real_model_path().expect("set DEN_GPU_MODEL or DEN_TEST_MODELS");
@@ -315,35 +348,56 @@ fn bench_gpu_forward() {
             }
         }
         let prefill = (batch * 128) as f64 / t.elapsed().as_secs_f64();
-        // Decode: 64 steps of one token per sequence, greedy on the device.
-        let mut next = vec![1u32; batch];
-        let steps = 64;
-        let t = Instant::now();
-        for _ in 0..steps {
-            let rows: Vec<BatchRow<'_>> = seqs
-                .iter()
-                .zip(&next)
-                .map(|(s, tok)| BatchRow {
-                    token: *tok,
-                    pos: s.len(),
-                    seq: s,
-                    logits: true,
-                })
-                .collect();
-            next = gpu.forward_greedy(&rows, &kv).unwrap();
-            for s in seqs.iter_mut() {
-                s.set_len(s.len() + 1);
+        // Decode: 64 steps of one token per sequence, greedy on the device; replayed as a
+        // CUDA graph (the default), then launched kernel by kernel, from the same state.
+        let start: Vec<u32> = seqs.iter().map(|s| s.len()).collect();
+        for graphs in [true, false] {
+            gpu.set_graphs(graphs);
+            for (s, len) in seqs.iter_mut().zip(&start) {
+                s.set_len(*len);
             }
+            let mut next = vec![1u32; batch];
+            let steps = 64;
+            // One untimed step first: it captures the step's graph.
+            let mut t = Instant::now();
+            for step in 0..=steps {
+                if step == 1 {
+                    t = Instant::now();
+                }
+                let rows: Vec<BatchRow<'_>> = seqs
+                    .iter()
+                    .zip(&next)
+                    .map(|(s, tok)| BatchRow {
+                        token: *tok,
+                        pos: s.len(),
+                        seq: s,
+                        logits: true,
+                    })
+                    .collect();
+                next = gpu.forward_greedy(&rows, &kv).unwrap();
+                for s in seqs.iter_mut() {
+                    s.set_len(s.len() + 1);
+                }
+            }
+            let secs = t.elapsed().as_secs_f64();
+            let decode = (batch * steps) as f64 / secs;
+            let mode = if graphs { "graph" } else { "eager" };
+            eprintln!(
+                "batch {batch}: prefill {prefill:.0} tok/s, decode ({mode}) {decode:.0} tok/s \
+                 ({:.2} ms a step)",
+                secs * 1e3 / steps as f64
+            );
+            let key = if graphs {
+                format!("decode_tok_s_batch_{batch}")
+            } else {
+                format!("decode_eager_tok_s_batch_{batch}")
+            };
+            report.insert(key, decode.into());
         }
-        let secs = t.elapsed().as_secs_f64();
-        let decode = (batch * steps) as f64 / secs;
-        eprintln!(
-            "batch {batch}: prefill {prefill:.0} tok/s, decode {decode:.0} tok/s ({:.1} ms a step)",
-            secs * 1e3 / steps as f64
-        );
+        gpu.set_graphs(true);
         report.insert(format!("prefill_tok_s_batch_{batch}"), prefill.into());
-        report.insert(format!("decode_tok_s_batch_{batch}"), decode.into());
     }
+    report.insert("graphs".into(), format!("{:?}", gpu.graphs()).into());
     let d1 = report["decode_tok_s_batch_1"].as_f64().unwrap_or(0.0);
     let d64 = report["decode_tok_s_batch_64"].as_f64().unwrap_or(0.0);
     report.insert(

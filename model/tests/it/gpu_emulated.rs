@@ -6,20 +6,25 @@
 //! kernels — indexing, page-table walks, the row layout, reductions, the online softmax —
 //! not the PTX or cuBLAS (`agent/gpu-check` runs the real thing on a GPU).
 
+use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Mutex, OnceLock};
 
+use den_model::gguf::GgufFile;
+use den_model::gpu_plan::{self, Arg, BatchTable, Buffer, HostData, PassShape, Step};
 use den_model::kv::{HostKvPages, KvLayout, KvPages, Sequence};
 use den_model::ops::attention::{AttnShape, Query, attention};
-use den_model::ops::math::{RopeStyle, rms_norm, rms_norm_in_place, rope, rope_table};
+use den_model::ops::ggml_round::glu;
+use den_model::ops::math::{Activation, RopeStyle, rms_norm, rms_norm_in_place, rope, rope_table};
 use den_model::ops::matmul::ThreadScratch;
 use den_model::ops::pool::Pool;
 use den_model::ops::{Kernels, f32_to_f16};
 use den_model::quant::f16_to_f32;
+use den_model::{BatchRow, Model, Runner, RunnerOptions};
 
-use crate::forward::{Rng, rel_err as rel};
+use crate::forward::{Rng, build, rel_err as rel, tiny_gemma, tiny_llama};
 
 /// The emulator, built once per test process (`None`: no C++ compiler here).
 fn emulator() -> Option<&'static Path> {
@@ -92,6 +97,18 @@ impl Input {
             .for_each(|x| self.0.extend_from_slice(&x.to_le_bytes()));
         self
     }
+    fn u(mut self, v: u32) -> Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn q(mut self, v: u64) -> Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn bytes(mut self, v: &[u8]) -> Self {
+        self.0.extend_from_slice(v);
+        self
+    }
     fn us(mut self, v: &[u32]) -> Self {
         v.iter()
             .for_each(|x| self.0.extend_from_slice(&x.to_le_bytes()));
@@ -149,13 +166,14 @@ fn emulated_rms_norm_equals_the_cpu_norm_rounded_to_f16_and_gathers_rows() {
 }
 
 #[test]
-fn emulated_qk_norm_and_rope_equal_the_cpus_in_both_styles() {
+fn emulated_qk_norm_and_rope_equal_the_cpus_in_both_styles_and_land_k_and_v_in_the_pages() {
     for (style, neox, qk_norm) in [(RopeStyle::Norm, 0, 0), (RopeStyle::Neox, 1, 1)] {
         let mut rng = Rng::new(5);
         let (rows, nh, nkv, hd) = (3usize, 4usize, 2usize, 32usize);
         let (base, attn, eps) = (10000f32, 0.125f32, 1e-6f32);
         let q = random(rows * nh * hd, &mut rng);
         let k = random(rows * nkv * hd, &mut rng);
+        let v = random(rows * nkv * hd, &mut rng);
         let qn = random(hd, &mut rng);
         let kn = random(hd, &mut rng);
         let pos = [0u32, 7, 1234];
@@ -173,13 +191,16 @@ fn emulated_qk_norm_and_rope_equal_the_cpus_in_both_styles() {
             .f(eps)
             .fs(&q)
             .fs(&k)
+            .fs(&v)
             .fs(&qn)
             .fs(&kn)
             .us(&pos);
-        let Some(out) = run("qk_rope", &input.0) else {
+        let Some(out) = run("qk_rope_append", &input.0) else {
             return;
         };
-        let got = floats(&out);
+        let kvd = nkv * hd;
+        let (got, slots) = out.split_at((q.len() + k.len()) * 4);
+        let got = floats(got);
         let (gq, gk) = got.split_at(q.len());
         let half = hd / 2;
         let (mut cos, mut sin) = (vec![0f32; half], vec![0f32; half]);
@@ -211,6 +232,114 @@ fn emulated_qk_norm_and_rope_equal_the_cpus_in_both_styles() {
             "{style:?}: k differs by {}",
             rel(gk, &wk)
         );
+        // Each row's page slot (found through a scrambled page table) holds its rotated K
+        // and its V as f16, K before V, in the CPU's row layout.
+        for (r, slot) in slots.chunks_exact(kvd * 4).enumerate() {
+            let want: Vec<u8> = wk[r * kvd..(r + 1) * kvd]
+                .iter()
+                .chain(&v[r * kvd..(r + 1) * kvd])
+                .flat_map(|x| f32_to_f16(*x).to_le_bytes())
+                .collect();
+            let got_k = halves(&slot[..kvd * 2]);
+            assert!(
+                rel(&got_k, &wk[r * kvd..(r + 1) * kvd]) < 1e-3,
+                "{style:?}: row {r}'s K in its page slot differs"
+            );
+            assert_eq!(
+                slot[kvd * 2..],
+                want[kvd * 2..],
+                "{style:?}: row {r}'s V in its page slot differs"
+            );
+        }
+        assert_eq!(slots.len(), rows * kvd * 4);
+    }
+}
+
+#[test]
+fn emulated_residual_add_with_post_norm_then_next_norm_equals_the_cpus() {
+    for (post, norm) in [(true, true), (false, true), (true, false)] {
+        let mut rng = Rng::new(11);
+        let (rows, e, eps) = (3usize, 200usize, 1e-6f32);
+        let x = random(rows * e, &mut rng);
+        let o = random(rows * e, &mut rng);
+        let pw = random(e, &mut rng);
+        let nw = random(e, &mut rng);
+        let input = Input::default()
+            .i(rows as i32)
+            .i(e as i32)
+            .f(eps)
+            .i(i32::from(post))
+            .i(i32::from(norm))
+            .fs(&x)
+            .fs(&o)
+            .fs(&pw)
+            .fs(&nw);
+        let Some(out) = run("add_norm", &input.0) else {
+            return;
+        };
+        let (gx, gh) = out.split_at(rows * e * 4);
+        let (gx, gh) = (floats(gx), halves(gh));
+        for r in 0..rows {
+            let span = r * e..(r + 1) * e;
+            let mut add = o[span.clone()].to_vec();
+            if post {
+                rms_norm_in_place(&mut add, &pw, eps);
+            }
+            let wx: Vec<f32> = x[span.clone()]
+                .iter()
+                .zip(&add)
+                .map(|(a, b)| a + b)
+                .collect();
+            assert!(
+                rel(&gx[span.clone()], &wx) < 1e-6,
+                "post {post}, norm {norm}: row {r}'s residual differs"
+            );
+            if norm {
+                let mut wh = vec![0f32; e];
+                rms_norm(&wx, &nw, eps, &mut wh);
+                let wh: Vec<f32> = wh.iter().map(|v| f16_to_f32(f32_to_f16(*v))).collect();
+                assert!(
+                    rel(&gh[span.clone()], &wh) < 1e-3,
+                    "post {post}, norm {norm}: row {r}'s normed row differs"
+                );
+            } else {
+                assert!(
+                    gh[span].iter().all(|v| *v == 0.0),
+                    "without a next norm nothing is written to h16"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn emulated_gated_activation_reads_gate_and_up_from_one_product() {
+    for act in [Activation::Silu, Activation::GeluTanh] {
+        let mut rng = Rng::new(13);
+        let (rows, n_ff) = (3usize, 300usize);
+        let gu = random(rows * 2 * n_ff, &mut rng);
+        let input = Input::default()
+            .i(rows as i32)
+            .i(n_ff as i32)
+            .i(i32::from(act == Activation::GeluTanh))
+            .fs(&gu);
+        let Some(out) = run("glu", &input.0) else {
+            return;
+        };
+        let got = halves(&out);
+        for r in 0..rows {
+            let row = &gu[r * 2 * n_ff..(r + 1) * 2 * n_ff];
+            let mut want = vec![0f32; n_ff];
+            glu(
+                Kernels::detect(),
+                act,
+                &row[..n_ff],
+                &row[n_ff..],
+                &mut want,
+            );
+            let e = rel(&got[r * n_ff..(r + 1) * n_ff], &want);
+            assert!(e < 5e-3, "{act:?}: row {r} differs by {e}");
+        }
     }
 }
 
@@ -328,4 +457,267 @@ fn emulated_argmax_takes_the_first_of_equal_maxima() {
         .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect();
     assert_eq!(got, [17, 999]);
+}
+
+// --- the whole pass -----------------------------------------------------------------
+
+/// den's GPU pass as the runner runs it — [`gpu_plan::plan`]'s steps over buffers sized
+/// by [`gpu_plan::buffer_len`], weights from [`gpu_plan::host_tensors`], each batch's
+/// tables from [`BatchTable`] — executed by the emulator (cuBLAS's products as plain f32
+/// dot products of the f16 operands). Passes are queued, then run in one emulator process
+/// so the page arena carries K/V from one pass to the next.
+struct EmulatedGpu<'m, 'a> {
+    model: &'m Model<'a>,
+    ids: HashMap<Buffer, u32>,
+    arena_pages: u64,
+    page_size: u32,
+    input: Input,
+    passes: Input,
+    queued: Vec<(usize, bool)>,
+}
+
+impl<'m, 'a> EmulatedGpu<'m, 'a> {
+    fn new(model: &'m Model<'a>, cap: usize, arena_pages: u32, page_size: u32) -> Self {
+        let mut ids = HashMap::new();
+        let mut buffers: Vec<(u32, Vec<u8>)> = Vec::new();
+        let mut add = |b: Buffer, bytes: Vec<u8>| {
+            let id = ids.len() as u32;
+            ids.insert(b, id);
+            buffers.push((id, bytes));
+        };
+        use Buffer::*;
+        for (b, size) in [
+            (X, 4),
+            (Qkv, 4),
+            (O, 4),
+            (Gu, 4),
+            (Logits, 4),
+            (H16, 2),
+            (Att16, 2),
+            (Ff16, 2),
+            (Tokens, 4),
+            (Pos, 4),
+            (RowSeq, 4),
+            (LogitRows, 4),
+            (PtOff, 4),
+            (Argmax, 4),
+        ] {
+            add(b, vec![0; gpu_plan::buffer_len(model, b, cap) * size]);
+        }
+        add(Pages, vec![0; (arena_pages as usize).max(cap) * 4]);
+        let row_bytes = model.kv_layout().row_bytes();
+        add(
+            Arena,
+            vec![0; arena_pages as usize * page_size as usize * row_bytes],
+        );
+        gpu_plan::host_tensors(model, |t, h| {
+            let bytes = match h.data {
+                HostData::F16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                HostData::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            };
+            add(Weight(t), bytes);
+            Ok(())
+        })
+        .unwrap();
+        let mut input = Input::default().u(buffers.len() as u32);
+        for (id, bytes) in buffers {
+            input = input.u(id).q(bytes.len() as u64).bytes(&bytes);
+        }
+        EmulatedGpu {
+            model,
+            ids,
+            arena_pages: u64::from(arena_pages),
+            page_size,
+            input,
+            passes: Input::default(),
+            queued: Vec::new(),
+        }
+    }
+
+    /// Queues the pass over `rows`; its logits (and with `greedy` its argmax) come back
+    /// from [`EmulatedGpu::run`].
+    fn pass(&mut self, rows: &[BatchRow<'_>], greedy: bool) {
+        let table = BatchTable::of(rows, self.arena_pages).unwrap();
+        let id = |b: Buffer| self.ids[&b];
+        let mut p = std::mem::take(&mut self.passes);
+        let uploads = [
+            (Buffer::Tokens, &table.tokens),
+            (Buffer::Pos, &table.pos),
+            (Buffer::RowSeq, &table.row_seq),
+            (Buffer::PtOff, &table.pt_off),
+            (Buffer::Pages, &table.pages),
+            (Buffer::LogitRows, &table.logit_rows),
+        ];
+        p = p.u(uploads.len() as u32);
+        for (b, v) in uploads {
+            p = p.u(id(b)).q(v.len() as u64 * 4).us(v);
+        }
+        let shape = PassShape {
+            rows: rows.len(),
+            wanted: table.logit_rows.len(),
+            greedy,
+            row_bytes: self.model.kv_layout().row_bytes() as u64,
+            page_size: self.page_size,
+        };
+        let steps = gpu_plan::plan(self.model, shape);
+        p = p.u(steps.len() as u32);
+        for s in &steps {
+            match s {
+                Step::Launch {
+                    kernel,
+                    grid,
+                    block,
+                    args,
+                } => {
+                    let name = kernel.name();
+                    p = p.u(0).u(name.len() as u32).bytes(name.as_bytes());
+                    p = p.u(grid.0).u(grid.1).u(*block).u(args.len() as u32);
+                    for a in args {
+                        p = match a {
+                            Arg::Ptr(b) => p.u(0).q(u64::from(id(*b))),
+                            Arg::Null => p.u(1).q(0),
+                            Arg::I32(v) => p.u(2).q(u64::from(*v as u32)),
+                            Arg::U64(v) => p.u(3).q(*v),
+                            Arg::F32(v) => p.u(4).q(u64::from(v.to_bits())),
+                        };
+                    }
+                }
+                Step::Gemm {
+                    input,
+                    weight,
+                    out,
+                    rows,
+                    m,
+                    k,
+                } => {
+                    p = p
+                        .u(1)
+                        .u(id(*input))
+                        .u(id(Buffer::Weight(*weight)))
+                        .u(id(*out));
+                    p = p.u(*rows).u(*m).u(*k);
+                }
+            }
+        }
+        let wanted = table.logit_rows.len();
+        let vocab = self.model.config().vocab;
+        p = p.u(1 + u32::from(greedy));
+        p = p.u(id(Buffer::Logits)).q((wanted * vocab * 4) as u64);
+        if greedy {
+            p = p.u(id(Buffer::Argmax)).q((wanted * 4) as u64);
+        }
+        self.passes = p;
+        self.queued.push((wanted, greedy));
+    }
+
+    /// Runs every queued pass: each one's logits, and argmax tokens when greedy.
+    fn run(self) -> Option<Vec<(Vec<f32>, Vec<u32>)>> {
+        let vocab = self.model.config().vocab;
+        let input = self.input.u(self.queued.len() as u32).bytes(&self.passes.0);
+        let out = run("pass", &input.0)?;
+        let mut at = 0;
+        let mut results = Vec::new();
+        for (wanted, greedy) in self.queued {
+            let logits = floats(&out[at..at + wanted * vocab * 4]);
+            at += wanted * vocab * 4;
+            let mut tokens = Vec::new();
+            if greedy {
+                tokens = out[at..at + wanted * 4]
+                    .chunks_exact(4)
+                    .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect();
+                at += wanted * 4;
+            }
+            results.push((logits, tokens));
+        }
+        assert_eq!(
+            at,
+            out.len(),
+            "the emulator wrote more than the passes' outputs"
+        );
+        Some(results)
+    }
+}
+
+/// `rows` of `seq` at `start..start + tokens.len()`, the last wanting logits (or all).
+fn chunk<'s>(seq: &'s Sequence, start: u32, tokens: &[u32], all: bool) -> Vec<BatchRow<'s>> {
+    tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| BatchRow {
+            token: *t,
+            pos: start + i as u32,
+            seq,
+            logits: all || i + 1 == tokens.len(),
+        })
+        .collect()
+}
+
+#[test]
+fn emulated_gpu_pass_follows_its_plan_and_agrees_with_the_cpu_runner() {
+    // Two sequences on scrambled pages of one arena; prefills, a batch mixing a decode of
+    // one with a chunk of the other (greedy on the device), then a chunk long enough to
+    // pass Gemma's window of 4, every row wanting logits.
+    for (shape, name) in [(tiny_llama(), "tiny llama"), (tiny_gemma(6), "tiny gemma3")] {
+        let f = GgufFile::from_bytes(format!("{name}.gguf"), build(&shape, 7)).unwrap();
+        let m = Model::load(&f).unwrap();
+        let (page, pages) = (4u32, 16u32);
+        let mut cpu = Runner::new(&m, RunnerOptions::default()).unwrap();
+        let mut host = HostKvPages::new(m.kv_layout(), page, pages).unwrap();
+        let mut gpu = EmulatedGpu::new(&m, 8, pages, page);
+        let mut a = Sequence::with_pages(vec![9, 2, 14, 5], 0);
+        let mut b = Sequence::with_pages(vec![0, 11, 7, 3], 0);
+        let vocab = shape.vocab as u32;
+        let toks =
+            |n: usize, k: u32| -> Vec<u32> { (0..n as u32).map(|i| (i * 7 + k) % vocab).collect() };
+        let mut want = Vec::new();
+        let mut step = |rows: &[BatchRow<'_>], greedy: bool, gpu: &mut EmulatedGpu<'_, '_>| {
+            want.push(cpu.forward(rows, &mut host).unwrap().to_vec());
+            gpu.pass(rows, greedy);
+        };
+        step(&chunk(&a, 0, &toks(6, 1), false), false, &mut gpu);
+        a.set_len(6);
+        step(&chunk(&b, 0, &toks(3, 5), false), false, &mut gpu);
+        b.set_len(3);
+        let mut mixed = chunk(&a, 6, &toks(1, 2), false);
+        mixed.extend(chunk(&b, 3, &toks(2, 9), false));
+        step(&mixed, true, &mut gpu);
+        a.set_len(7);
+        b.set_len(5);
+        step(&chunk(&a, 7, &toks(5, 3), true), false, &mut gpu);
+        let Some(got) = gpu.run() else {
+            return;
+        };
+        for (i, ((logits, tokens), want)) in got.iter().zip(&want).enumerate() {
+            let e = rel(logits, want);
+            assert!(e < 3e-2, "{name}: pass {i}'s logits differ by {e}");
+            for (r, t) in tokens.iter().enumerate() {
+                let row = &want[r * vocab as usize..(r + 1) * vocab as usize];
+                let (best, margin) = top(row);
+                if margin > 0.05 {
+                    assert_eq!(*t as usize, best, "{name}: pass {i} row {r}'s greedy token");
+                }
+            }
+        }
+        assert_eq!(
+            got[2].1.len(),
+            2,
+            "{name}: the mixed batch wants two tokens"
+        );
+    }
+}
+
+/// The largest value's index, and its margin over the runner-up.
+fn top(v: &[f32]) -> (usize, f32) {
+    let mut best = (0usize, f32::NEG_INFINITY);
+    let mut second = f32::NEG_INFINITY;
+    for (i, x) in v.iter().enumerate() {
+        if *x > best.1 {
+            second = best.1;
+            best = (i, *x);
+        } else if *x > second {
+            second = *x;
+        }
+    }
+    (best.0, best.1 - second)
 }

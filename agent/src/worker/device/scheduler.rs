@@ -562,6 +562,13 @@ impl Device<'_, '_> {
                         "this model runs on the GPU and needs the device page arena: start the worker with --backend cuda".into(),
                     )
                 })?;
+                // A capture that failed in an earlier step, said once.
+                if let Some(why) = runner.take_graph_failure() {
+                    tracing::warn!(
+                        error = %why,
+                        "CUDA graph capture failed: the GPU pass launches its kernels one by one from now on"
+                    );
+                }
                 runner.forward(&rows, &arena.kv)
             }
         }

@@ -1,0 +1,582 @@
+//! The GPU forward pass as data: every kernel launch and matrix product of one pass, in
+//! order, over named buffers ([`Buffer`]) instead of device addresses.
+//!
+//! Why data: the CUDA runner (`gpu::runner`, feature `cuda`) resolves a plan once per batch
+//! shape, runs it, and captures it as a CUDA graph (one graph launch instead of hundreds of
+//! kernel launches a step); and a machine without a GPU runs the *same* plan through the
+//! CPU emulator of the kernels (`tests/it/gpu_emulated.rs`), so the order of the pass, its
+//! buffers, strides and arguments are tested where no GPU is lent, not only each kernel.
+//! Nothing here needs cudarc.
+//!
+//! A pass over `rows` rows: the embedding, then per layer the stacked Q/K/V product → per
+//! head norm and RoPE with K and V written into the pages → paged attention → output
+//! product → residual and FFN norm → the stacked gate/up product → activation → down
+//! product → residual and the next layer's norm; then the rows that want logits normed
+//! (gathered) and projected, and with `greedy` their argmax. 9 launches a layer.
+
+use std::collections::HashMap;
+
+use crate::arch::{Arch, BatchRow, Model, ModelError};
+use crate::kv::Sequence;
+use crate::ops::half::f32_to_f16;
+use crate::ops::math::{Activation, RopeStyle};
+use crate::quant;
+
+/// Threads per block of the row kernels.
+pub const BLOCK: u32 = 256;
+/// Threads per block of attention (a head of up to 4 × this many dims).
+pub const ATTENTION_BLOCK: u32 = 128;
+/// Threads per block of the per-head kernel.
+pub const HEAD_BLOCK: u32 = 128;
+/// Threads per block of the argmax (its shared arrays).
+pub const ARGMAX_BLOCK: u32 = 256;
+/// The widest head the kernels take (their shared buffers).
+pub const MAX_HEAD_DIM: usize = 512;
+
+/// A weight tensor on the device. Products reading the same input are stacked (Q, K and
+/// V; gate and up), so each is one product.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Tensor {
+    TokenEmbd,
+    /// The output projection when it is not tied to the embedding.
+    Output,
+    OutputNorm,
+    AttnNorm(usize),
+    /// Q's rows, then K's, then V's.
+    Wqkv(usize),
+    QNorm(usize),
+    KNorm(usize),
+    Wo(usize),
+    PostAttnNorm(usize),
+    FfnNorm(usize),
+    /// The gate's rows, then up's.
+    GateUp(usize),
+    Down(usize),
+    PostFfnNorm(usize),
+}
+
+/// A device buffer a plan reads or writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Buffer {
+    /// The residual stream, f32, `n_embd` a row.
+    X,
+    /// Each row's Q, K and V, f32.
+    Qkv,
+    /// A sublayer's output before the residual, f32, `n_embd` a row.
+    O,
+    /// Each row's gate and up, f32.
+    Gu,
+    /// f16 inputs of the products: normed rows, attention output, FFN activation.
+    H16,
+    Att16,
+    Ff16,
+    Logits,
+    Tokens,
+    Pos,
+    RowSeq,
+    LogitRows,
+    PtOff,
+    Pages,
+    Argmax,
+    /// The page arena K and V live in.
+    Arena,
+    Weight(Tensor),
+}
+
+/// A kernel argument.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Arg {
+    Ptr(Buffer),
+    /// A null pointer (an absent optional tensor).
+    Null,
+    I32(i32),
+    U64(u64),
+    F32(f32),
+}
+
+/// A kernel of `kernels.cu`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kernel {
+    Embed,
+    RmsNormH,
+    QkRopeAppend,
+    Attention,
+    AddNormH,
+    Glu,
+    Argmax,
+}
+
+impl Kernel {
+    /// The kernel's entry point in `kernels.cu`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::Embed => "den_embed",
+            Kernel::RmsNormH => "den_rms_norm_h",
+            Kernel::QkRopeAppend => "den_qk_rope_append",
+            Kernel::Attention => "den_attention",
+            Kernel::AddNormH => "den_add_norm_h",
+            Kernel::Glu => "den_glu",
+            Kernel::Argmax => "den_argmax",
+        }
+    }
+}
+
+/// One step of a pass.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    /// `kernel` over a `grid` of 1-D blocks of `block` threads.
+    Launch {
+        kernel: Kernel,
+        grid: (u32, u32),
+        block: u32,
+        args: Vec<Arg>,
+    },
+    /// `out[rows × weight.rows] (f32) = input[rows × weight.cols] (f16) · weightᵀ`.
+    Gemm {
+        input: Buffer,
+        weight: Tensor,
+        out: Buffer,
+        rows: u32,
+        /// The weight's rows (outputs) and columns (inputs).
+        m: u32,
+        k: u32,
+    },
+}
+
+/// What a pass is for: its row count, how many rows want logits, whether the argmax is
+/// taken on the device, and the arena's geometry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PassShape {
+    pub rows: usize,
+    pub wanted: usize,
+    pub greedy: bool,
+    pub row_bytes: u64,
+    pub page_size: u32,
+}
+
+/// The sizes of the per-row buffers for `cap` rows, in elements.
+pub fn buffer_len(model: &Model<'_>, b: Buffer, cap: usize) -> usize {
+    let c = model.config();
+    let qd = c.n_head * c.head_dim;
+    let kvd = c.n_head_kv * c.head_dim;
+    let widest = c.n_embd.max(qd).max(c.n_ff);
+    let len = match b {
+        Buffer::X | Buffer::O => cap * c.n_embd,
+        Buffer::Qkv => cap * (qd + 2 * kvd),
+        Buffer::Gu => cap * 2 * c.n_ff,
+        Buffer::H16 => cap * widest,
+        Buffer::Att16 => cap * qd,
+        Buffer::Ff16 => cap * c.n_ff,
+        Buffer::Logits => cap * c.vocab,
+        Buffer::PtOff => cap + 1,
+        Buffer::Tokens | Buffer::Pos | Buffer::RowSeq | Buffer::LogitRows | Buffer::Argmax => cap,
+        Buffer::Pages | Buffer::Arena | Buffer::Weight(_) => 0,
+    };
+    len.max(1)
+}
+
+/// The pass for `shape` over `model`.
+pub fn plan(model: &Model<'_>, shape: PassShape) -> Vec<Step> {
+    let c = model.config();
+    let n = shape.rows as u32;
+    let mut steps = Vec::with_capacity(model.layers.len() * 9 + 4);
+    if n == 0 {
+        return steps;
+    }
+    let (e, hd) = (c.n_embd as i32, c.head_dim as i32);
+    let qd = c.n_head * c.head_dim;
+    let kvd = c.n_head_kv * c.head_dim;
+    let eps = c.eps;
+    let launch = |kernel, grid, block, args: Vec<Arg>| Step::Launch {
+        kernel,
+        grid,
+        block,
+        args,
+    };
+    let gemm = |input, weight, out, rows: u32, m: usize, k: usize| Step::Gemm {
+        input,
+        weight,
+        out,
+        rows,
+        m: m as u32,
+        k: k as u32,
+    };
+    let w = |t| Arg::Ptr(Buffer::Weight(t));
+    let p = Arg::Ptr;
+    let scale = if c.arch == Arch::Gemma3 {
+        c.embd_scale
+    } else {
+        1.0
+    };
+    steps.push(launch(
+        Kernel::Embed,
+        (n, 1),
+        BLOCK,
+        vec![
+            w(Tensor::TokenEmbd),
+            p(Buffer::Tokens),
+            p(Buffer::X),
+            Arg::I32(e),
+            Arg::F32(scale),
+        ],
+    ));
+    let norm_rows = |t| {
+        launch(
+            Kernel::RmsNormH,
+            (n, 1),
+            BLOCK,
+            vec![
+                p(Buffer::X),
+                w(t),
+                p(Buffer::H16),
+                Arg::Null,
+                Arg::I32(e),
+                Arg::F32(eps),
+            ],
+        )
+    };
+    let optional = |present: bool, t| if present { w(t) } else { Arg::Null };
+    let add_norm = |post: Arg, next: Arg| {
+        launch(
+            Kernel::AddNormH,
+            (n, 1),
+            BLOCK,
+            vec![
+                p(Buffer::X),
+                p(Buffer::O),
+                post,
+                next,
+                p(Buffer::H16),
+                Arg::I32(e),
+                Arg::F32(eps),
+            ],
+        )
+    };
+    let arena = [
+        p(Buffer::Arena),
+        p(Buffer::RowSeq),
+        p(Buffer::PtOff),
+        p(Buffer::Pages),
+    ];
+    let qkv_stride = (qd + 2 * kvd) as i32;
+    let layout = model.kv_layout();
+    let last = model.layers.len().saturating_sub(1);
+    if !model.layers.is_empty() {
+        steps.push(norm_rows(Tensor::AttnNorm(0)));
+    }
+    for (li, (layer, lc)) in model.layers.iter().zip(&c.layers).enumerate() {
+        steps.push(gemm(
+            Buffer::H16,
+            Tensor::Wqkv(li),
+            Buffer::Qkv,
+            n,
+            qd + 2 * kvd,
+            c.n_embd,
+        ));
+        let qk_norm = c.qk_norm && !layer.q_norm.is_empty() && !layer.k_norm.is_empty();
+        let (k_off, v_off) = (layout.k_offset(li) as u64, layout.v_offset(li) as u64);
+        let mut args = vec![
+            p(Buffer::Qkv),
+            Arg::I32(qkv_stride),
+            optional(qk_norm, Tensor::QNorm(li)),
+            optional(qk_norm, Tensor::KNorm(li)),
+            p(Buffer::Pos),
+            Arg::I32(c.n_head as i32),
+            Arg::I32(c.n_head_kv as i32),
+            Arg::I32(hd),
+            Arg::I32(c.n_rot as i32),
+            Arg::I32(i32::from(c.rope_style == RopeStyle::Neox)),
+            Arg::F32(lc.rope_base),
+            Arg::F32(lc.rope_scale),
+            Arg::F32(c.attn_scale),
+            Arg::I32(i32::from(qk_norm)),
+            Arg::F32(eps),
+        ];
+        args.extend(arena);
+        args.extend([
+            Arg::U64(shape.row_bytes),
+            Arg::I32(shape.page_size as i32),
+            Arg::U64(k_off),
+            Arg::U64(v_off),
+        ]);
+        steps.push(launch(
+            Kernel::QkRopeAppend,
+            (n, (c.n_head + c.n_head_kv) as u32),
+            HEAD_BLOCK,
+            args,
+        ));
+        // The last layer's attention and FFN only feed logits.
+        if li == last && shape.wanted == 0 {
+            break;
+        }
+        let window = lc.window.map_or(0, |w| w.min(i32::MAX as u32) as i32);
+        let args = vec![
+            p(Buffer::Qkv),
+            Arg::I32(qkv_stride),
+            p(Buffer::Att16),
+            p(Buffer::Arena),
+            p(Buffer::RowSeq),
+            p(Buffer::Pos),
+            p(Buffer::PtOff),
+            p(Buffer::Pages),
+            Arg::I32(c.n_head as i32),
+            Arg::I32(c.n_head_kv as i32),
+            Arg::I32(hd),
+            Arg::U64(shape.row_bytes),
+            Arg::I32(shape.page_size as i32),
+            Arg::U64(k_off),
+            Arg::U64(v_off),
+            Arg::I32(window),
+        ];
+        steps.push(launch(
+            Kernel::Attention,
+            (n, c.n_head as u32),
+            ATTENTION_BLOCK,
+            args,
+        ));
+        steps.push(gemm(
+            Buffer::Att16,
+            Tensor::Wo(li),
+            Buffer::O,
+            n,
+            c.n_embd,
+            qd,
+        ));
+        let post_attn = c.post_norms && !layer.post_attn_norm.is_empty();
+        steps.push(add_norm(
+            optional(post_attn, Tensor::PostAttnNorm(li)),
+            w(Tensor::FfnNorm(li)),
+        ));
+        steps.push(gemm(
+            Buffer::H16,
+            Tensor::GateUp(li),
+            Buffer::Gu,
+            n,
+            2 * c.n_ff,
+            c.n_embd,
+        ));
+        let elements = u64::from(n) * c.n_ff as u64;
+        steps.push(launch(
+            Kernel::Glu,
+            (elements.div_ceil(u64::from(BLOCK)) as u32, 1),
+            BLOCK,
+            vec![
+                p(Buffer::Gu),
+                p(Buffer::Ff16),
+                Arg::U64(elements),
+                Arg::I32(c.n_ff as i32),
+                Arg::I32(i32::from(c.activation == Activation::GeluTanh)),
+            ],
+        ));
+        steps.push(gemm(
+            Buffer::Ff16,
+            Tensor::Down(li),
+            Buffer::O,
+            n,
+            c.n_embd,
+            c.n_ff,
+        ));
+        let post_ffn = c.post_norms && !layer.post_ffn_norm.is_empty();
+        let next = if li < last {
+            w(Tensor::AttnNorm(li + 1))
+        } else {
+            Arg::Null
+        };
+        steps.push(add_norm(optional(post_ffn, Tensor::PostFfnNorm(li)), next));
+    }
+    let wanted = shape.wanted as u32;
+    if wanted == 0 {
+        return steps;
+    }
+    // The rows that want logits, normed into H16's first rows, then projected.
+    steps.push(launch(
+        Kernel::RmsNormH,
+        (wanted, 1),
+        BLOCK,
+        vec![
+            p(Buffer::X),
+            w(Tensor::OutputNorm),
+            p(Buffer::H16),
+            p(Buffer::LogitRows),
+            Arg::I32(e),
+            Arg::F32(eps),
+        ],
+    ));
+    let output = if model.tied_embeddings() {
+        Tensor::TokenEmbd
+    } else {
+        Tensor::Output
+    };
+    steps.push(gemm(
+        Buffer::H16,
+        output,
+        Buffer::Logits,
+        wanted,
+        c.vocab,
+        c.n_embd,
+    ));
+    if shape.greedy {
+        steps.push(launch(
+            Kernel::Argmax,
+            (wanted, 1),
+            ARGMAX_BLOCK,
+            vec![
+                p(Buffer::Logits),
+                p(Buffer::Argmax),
+                Arg::I32(c.vocab as i32),
+            ],
+        ));
+    }
+    steps
+}
+
+/// A batch's rows as the kernels index them: each sequence's page table once.
+pub struct BatchTable {
+    pub tokens: Vec<u32>,
+    pub pos: Vec<u32>,
+    /// Each row's sequence, an index into `pt_off`.
+    pub row_seq: Vec<u32>,
+    /// Where each sequence's page table starts in `pages` (and one past the last).
+    pub pt_off: Vec<u32>,
+    pub pages: Vec<u32>,
+    /// The rows that want logits.
+    pub logit_rows: Vec<u32>,
+}
+
+impl BatchTable {
+    /// `rows`' table, every page below `arena_pages`.
+    pub fn of(rows: &[BatchRow<'_>], arena_pages: u64) -> Result<BatchTable, ModelError> {
+        let n = rows.len();
+        let mut seq_index: HashMap<*const Sequence, u32> = HashMap::new();
+        let mut pt_off: Vec<u32> = Vec::new();
+        let mut pages: Vec<u32> = Vec::new();
+        let mut row_seq = Vec::with_capacity(n);
+        for r in rows {
+            let key: *const Sequence = r.seq;
+            let i = match seq_index.get(&key) {
+                Some(i) => *i,
+                None => {
+                    let i = pt_off.len() as u32;
+                    pt_off.push(pages.len() as u32);
+                    if let Some(p) = r.seq.pages().iter().find(|p| u64::from(**p) >= arena_pages) {
+                        return Err(ModelError::Input(format!(
+                            "page {p} is past the device arena ({arena_pages} pages)"
+                        )));
+                    }
+                    pages.extend_from_slice(r.seq.pages());
+                    seq_index.insert(key, i);
+                    i
+                }
+            };
+            row_seq.push(i);
+        }
+        pt_off.push(pages.len() as u32);
+        Ok(BatchTable {
+            tokens: rows.iter().map(|r| r.token).collect(),
+            pos: rows.iter().map(|r| r.pos).collect(),
+            row_seq,
+            pt_off,
+            pages,
+            logit_rows: (0..n as u32).filter(|i| rows[*i as usize].logits).collect(),
+        })
+    }
+}
+
+/// A tensor's values as the device holds them.
+#[derive(Debug, Clone, PartialEq)]
+pub enum HostData {
+    /// A matrix, f16 bits, row-major.
+    F16(Vec<u16>),
+    /// A norm vector.
+    F32(Vec<f32>),
+}
+
+/// A tensor ready to upload: `rows × cols` (a vector is one row).
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostTensor {
+    pub rows: usize,
+    pub cols: usize,
+    pub data: HostData,
+}
+
+impl HostTensor {
+    /// Bytes on the device.
+    pub fn bytes(&self) -> usize {
+        match &self.data {
+            HostData::F16(v) => v.len() * 2,
+            HostData::F32(v) => v.len() * 4,
+        }
+    }
+}
+
+/// Every tensor a plan of `model` names, prepared for the device: matrices dequantized
+/// (den's dequantizers, bit-for-bit ggml's) and rounded to f16, stacked where the plan
+/// stacks them; norm vectors as f32; absent optional tensors left out. `each` is called
+/// once per tensor, so the caller can upload one at a time (a model's f16 weights are
+/// several times its file).
+pub fn host_tensors(
+    model: &Model<'_>,
+    mut each: impl FnMut(Tensor, HostTensor) -> Result<(), String>,
+) -> Result<(), String> {
+    use crate::ops::matmul::Weight;
+    let stacked = |ws: &[&Weight<'_>]| -> Result<HostTensor, String> {
+        let cols = ws.first().map_or(0, |w| w.cols);
+        if let Some(w) = ws.iter().find(|w| w.cols != cols) {
+            return Err(format!(
+                "{} has {} columns where {} has {cols}: they read the same input",
+                w.name, w.cols, ws[0].name
+            ));
+        }
+        let mut data = Vec::new();
+        for w in ws {
+            dequantize_f16(w, &mut data)?;
+        }
+        Ok(HostTensor {
+            rows: ws.iter().map(|w| w.rows).sum(),
+            cols,
+            data: HostData::F16(data),
+        })
+    };
+    let vector = |v: &[f32]| HostTensor {
+        rows: 1,
+        cols: v.len(),
+        data: HostData::F32(v.to_vec()),
+    };
+    let c = model.config();
+    each(Tensor::TokenEmbd, stacked(&[&model.token_embd])?)?;
+    if !model.tied_embeddings() {
+        each(Tensor::Output, stacked(&[&model.output])?)?;
+    }
+    each(Tensor::OutputNorm, vector(&model.output_norm))?;
+    for (li, l) in model.layers.iter().enumerate() {
+        each(Tensor::AttnNorm(li), vector(&l.attn_norm))?;
+        each(Tensor::Wqkv(li), stacked(&[&l.wq, &l.wk, &l.wv])?)?;
+        if c.qk_norm && !l.q_norm.is_empty() && !l.k_norm.is_empty() {
+            each(Tensor::QNorm(li), vector(&l.q_norm))?;
+            each(Tensor::KNorm(li), vector(&l.k_norm))?;
+        }
+        each(Tensor::Wo(li), stacked(&[&l.wo])?)?;
+        if c.post_norms && !l.post_attn_norm.is_empty() {
+            each(Tensor::PostAttnNorm(li), vector(&l.post_attn_norm))?;
+        }
+        each(Tensor::FfnNorm(li), vector(&l.ffn_norm))?;
+        each(Tensor::GateUp(li), stacked(&[&l.gate, &l.up])?)?;
+        each(Tensor::Down(li), stacked(&[&l.down])?)?;
+        if c.post_norms && !l.post_ffn_norm.is_empty() {
+            each(Tensor::PostFfnNorm(li), vector(&l.post_ffn_norm))?;
+        }
+    }
+    Ok(())
+}
+
+/// `w` dequantized row by row and rounded to f16 (nearest, ties to even), appended to `out`.
+fn dequantize_f16(w: &crate::ops::matmul::Weight<'_>, out: &mut Vec<u16>) -> Result<(), String> {
+    out.reserve(w.rows * w.cols);
+    let mut row = vec![0f32; w.cols];
+    for j in 0..w.rows {
+        quant::dequantize(w.ty, w.row(j), w.cols, &mut row)
+            .map_err(|e| format!("dequantizing {} row {j}: {e}", w.name))?;
+        out.extend(row.iter().map(|v| f32_to_f16(*v)));
+    }
+    Ok(())
+}
