@@ -105,11 +105,15 @@ fn worker_candidates(
                 tier,
                 fixed_ms,
                 load_ms,
+                backlog_ms: obs.link_backlog_ms.get(&tier).copied().unwrap_or(0.0),
             })
         })
     };
     let rate = obs.gpu_restore_bytes_per_ms;
-    alternatives(base, resident, chunks_from, |bytes| bytes as f64 / rate)
+    let pcie_backlog = obs.link_backlog_ms.get(&Tier::Gpu).copied().unwrap_or(0.0);
+    alternatives(base, resident, chunks_from, |bytes| {
+        pcie_backlog + bytes as f64 / rate
+    })
 }
 
 /// The planned boundaries `advertised` holds, in plan order, each with the first
@@ -176,6 +180,9 @@ pub struct DurableChunk {
     pub fixed_ms: f64,
     /// What streaming this chunk's bytes into host RAM adds, ms (0 from RAM).
     pub load_ms: f64,
+    /// Transfers already booked on `tier`'s link that this load waits behind, ms (the
+    /// worker's reported `link_backlog_ms`).
+    pub backlog_ms: f64,
 }
 
 /// One worker's alternatives for a request (spec §6.1), the one builder the router and
@@ -229,12 +236,15 @@ fn walk(
     };
     let mut bytes = 0u64;
     let mut slowest = Tier::Ram;
-    // Per tier (by `Tier::lower_rank`): chunks fetched, their streaming time and the
-    // tier's latency.
-    let mut tiers = [(0usize, 0.0f64, 0.0f64); 6];
+    // Per tier (by `Tier::lower_rank`): chunks fetched, their streaming time, the tier's
+    // latency and its link's backlog.
+    let mut tiers = [TierLoad::default(); 6];
     for chunk in chunks {
         if let Some(t) = tiers.get_mut(usize::from(chunk.tier.lower_rank())) {
-            *t = (t.0 + 1, t.1 + chunk.load_ms, chunk.fixed_ms);
+            t.count += 1;
+            t.streaming_ms += chunk.load_ms;
+            t.fixed_ms = chunk.fixed_ms;
+            t.backlog_ms = chunk.backlog_ms;
         }
         let load_ms: f64 = tiers.iter().map(|t| tier_load_ms(*t)).sum();
         bytes += chunk.bytes;
@@ -254,16 +264,26 @@ fn walk(
     }
 }
 
+/// A walk's fetches from one tier.
+#[derive(Debug, Clone, Copy, Default)]
+struct TierLoad {
+    count: usize,
+    streaming_ms: f64,
+    fixed_ms: f64,
+    backlog_ms: f64,
+}
+
 /// How long a worker takes to fetch `count` chunks from one tier whose bytes stream in
 /// `streaming_ms` with a latency of `fixed_ms` per fetch, [`RESTORE_FETCH_WINDOW`] fetches
-/// in flight: the latency once before the bytes stream (a window keeps the link busy), but
-/// never less than one latency per window's worth of chunks (a latency-bound tier).
-fn tier_load_ms((count, streaming_ms, fixed_ms): (usize, f64, f64)) -> f64 {
-    if count == 0 {
+/// in flight, after the `backlog_ms` already booked on the tier's link: the latency once
+/// before the bytes stream (a window keeps the link busy), but never less than one
+/// latency per window's worth of chunks (a latency-bound tier).
+fn tier_load_ms(t: TierLoad) -> f64 {
+    if t.count == 0 {
         return 0.0;
     }
-    let windows = count.div_ceil(RESTORE_FETCH_WINDOW) as f64;
-    (fixed_ms + streaming_ms).max(windows * fixed_ms)
+    let windows = t.count.div_ceil(RESTORE_FETCH_WINDOW) as f64;
+    t.backlog_ms + (t.fixed_ms + t.streaming_ms).max(windows * t.fixed_ms)
 }
 
 fn base_candidate(request: &GenerationRequest, obs: &Observation) -> Candidate {
@@ -498,6 +518,53 @@ mod tests {
                 "{k} chunks: {got:?}, want {want}"
             );
         }
+    }
+
+    #[test]
+    fn a_load_waits_behind_what_its_tiers_link_has_booked() {
+        // The same 4 SSD chunks, with the worker's SSD link busy for 25 ms and its
+        // host→device copies for 3 ms: the SSD walk starts 25 ms later and its upload 3
+        // ms later; a GPU-resident prefix pays neither.
+        let tokens: Vec<u32> = (1..=9).collect();
+        let request = GenerationRequest::new("r", MODEL, tokens, 1).unwrap();
+        let (_, mut obs, _) = fixture();
+        obs.tier_fixed_ms.insert(Tier::Ssd, 10.0);
+        let mut catalog = catalogued(&request, false);
+        ssd_replicas(&mut catalog, &request, 4);
+        let plan = plan_chunks(request.processed_tokens(), 2);
+        obs.gpu_prefixes.push(GpuPrefix {
+            model: MODEL.into(),
+            prefix_hash: plan[0].hash,
+            continuation_id: "resident".into(),
+            token_count: 2,
+            bytes: 200,
+        });
+        let ssd = |obs: &Observation| {
+            let all = candidates_for(&request, 2, [obs], &catalog);
+            let walk = all
+                .iter()
+                .find(|c| {
+                    c.tier == Tier::Ssd && c.cached_token_count == 8 && c.resident_token_count == 0
+                })
+                .map(|c| (c.prefix_load_ms, c.gpu_restore_ms));
+            let gpu = all
+                .iter()
+                .find(|c| c.tier == Tier::Gpu)
+                .map(|c| (c.prefix_load_ms, c.gpu_restore_ms));
+            (walk, gpu)
+        };
+        let (idle, idle_gpu) = ssd(&obs);
+        obs.link_backlog_ms.insert(Tier::Ssd, 25.0);
+        obs.link_backlog_ms.insert(Tier::Gpu, 3.0);
+        obs.link_backlog_ms.insert(Tier::Object, 1000.0);
+        let (busy, busy_gpu) = ssd(&obs);
+        let (Some(idle), Some(busy)) = (idle, busy) else {
+            panic!("no SSD walk: {idle:?} {busy:?}");
+        };
+        assert!(close(busy.0, idle.0 + 25.0), "{busy:?} vs {idle:?}");
+        assert!(close(busy.1, idle.1 + 3.0), "{busy:?} vs {idle:?}");
+        assert_eq!(idle_gpu, busy_gpu, "a resident prefix moves no bytes");
+        assert!(idle_gpu.is_some());
     }
 
     #[test]

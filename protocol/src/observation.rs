@@ -67,6 +67,11 @@ pub struct Observation {
     pub gpu_restore_bytes_per_ms: f64,
     pub tier_throughput_bytes_per_ms: BTreeMap<Tier, f64>,
     pub tier_fixed_ms: BTreeMap<Tier, f64>,
+    /// Transfer time already booked ahead on the link a load from each tier uses, ms:
+    /// what a new load from that tier waits behind (`Ram`/`Ssd`/`Object`: the worker's
+    /// restore fetches from it; `Gpu`: host→device copies). Absent: idle.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub link_backlog_ms: BTreeMap<Tier, f64>,
     pub transfer: TransferCapabilities,
     pub gpu_prefixes: Vec<GpuPrefix>,
     pub object_store: bool,
@@ -221,6 +226,7 @@ impl Observation {
             gpu_restore_bytes_per_ms: 1.0,
             tier_throughput_bytes_per_ms: BTreeMap::new(),
             tier_fixed_ms: BTreeMap::new(),
+            link_backlog_ms: BTreeMap::new(),
             transfer: TransferCapabilities::default(),
             gpu_prefixes: Vec::new(),
             object_store: false,
@@ -275,6 +281,8 @@ struct RawObservation {
     tier_throughput_bytes_per_ms: BTreeMap<Tier, f64>,
     #[serde(default)]
     tier_fixed_ms: BTreeMap<Tier, f64>,
+    #[serde(default)]
+    link_backlog_ms: BTreeMap<Tier, f64>,
     #[serde(default)]
     transfer: TransferCapabilities,
     #[serde(default)]
@@ -342,6 +350,9 @@ impl TryFrom<RawObservation> for Observation {
         for v in r.tier_fixed_ms.values() {
             non_negative("tier_fixed_ms", *v)?;
         }
+        for v in r.link_backlog_ms.values() {
+            non_negative("link_backlog_ms", *v)?;
+        }
         validate_management(&r.downloads, &r.runners)?;
         if let Some(plan) = &r.engine {
             validate_engine(plan)?;
@@ -363,6 +374,7 @@ impl TryFrom<RawObservation> for Observation {
             gpu_restore_bytes_per_ms: r.gpu_restore_bytes_per_ms,
             tier_throughput_bytes_per_ms: r.tier_throughput_bytes_per_ms,
             tier_fixed_ms: r.tier_fixed_ms,
+            link_backlog_ms: r.link_backlog_ms,
             transfer: r.transfer,
             gpu_prefixes: r.gpu_prefixes,
             object_store: r.object_store,
@@ -493,6 +505,16 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("queue_ms"), "{err}");
+        // A link backlog travels when set, is absent when idle, and is never negative.
+        assert!(!json.contains("link_backlog_ms"), "{json}");
+        o.link_backlog_ms.insert(Tier::Ssd, 12.5);
+        let json = serde_json::to_string(&o).unwrap();
+        assert_eq!(serde_json::from_str::<Observation>(&json).unwrap(), o);
+        let bad = json.replace(r#""ssd":12.5"#, r#""ssd":-1.0"#);
+        let err = serde_json::from_str::<Observation>(&bad)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("link_backlog_ms"), "{err}");
     }
 
     #[test]

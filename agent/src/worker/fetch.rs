@@ -19,7 +19,7 @@
 //! forgets them.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -59,14 +59,62 @@ pub struct FetchContext {
 }
 
 /// Chunk fetches of restores in flight on this worker, and the most there have been at
-/// once (`den_restore_fetches_in_flight`, `den_restore_fetches_in_flight_peak`).
+/// once (`den_restore_fetches_in_flight`, `den_restore_fetches_in_flight_peak`); and the
+/// bytes restores still have to fetch, by the tier their assignment loads from: what the
+/// heartbeat reports as each tier's link backlog, so the router prices a new load from a
+/// tier behind the restores already reading it.
 #[derive(Debug, Default)]
 pub struct FetchMeter {
     in_flight: AtomicUsize,
     peak: AtomicUsize,
+    /// Bytes to fetch, by [`BACKLOG_TIERS`] index.
+    pending: [AtomicU64; 3],
+}
+
+/// The tiers a restore reads from, in [`FetchMeter`]'s order.
+pub const BACKLOG_TIERS: [Tier; 3] = [Tier::Ram, Tier::Ssd, Tier::Object];
+
+/// A restore's bytes still to fetch, counted in its meter until fetched or given up.
+struct Booked<'a> {
+    meter: &'a FetchMeter,
+    slot: usize,
+    left: u64,
+}
+
+impl Booked<'_> {
+    fn fetched(&mut self, bytes: u64) {
+        let n = bytes.min(self.left);
+        self.left -= n;
+        self.meter.pending[self.slot].fetch_sub(n, Ordering::Relaxed);
+    }
+}
+
+impl Drop for Booked<'_> {
+    fn drop(&mut self) {
+        self.meter.pending[self.slot].fetch_sub(self.left, Ordering::Relaxed);
+    }
 }
 
 impl FetchMeter {
+    /// Bytes restores have yet to fetch from `tier` (ram, ssd or object).
+    pub fn pending_bytes(&self, tier: Tier) -> u64 {
+        BACKLOG_TIERS
+            .iter()
+            .position(|t| *t == tier)
+            .map_or(0, |i| self.pending[i].load(Ordering::Relaxed))
+    }
+
+    /// Books `bytes` on `tier`'s link (a durable tier; anything else counts as RAM).
+    fn book(&self, tier: Tier, bytes: u64) -> Booked<'_> {
+        let slot = BACKLOG_TIERS.iter().position(|t| *t == tier).unwrap_or(0);
+        self.pending[slot].fetch_add(bytes, Ordering::Relaxed);
+        Booked {
+            meter: self,
+            slot,
+            left: bytes,
+        }
+    }
+
     fn begin(&self, metrics: &Metrics) {
         let now = self.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
         let peak = self.peak.fetch_max(now, Ordering::Relaxed).max(now);
@@ -120,14 +168,18 @@ pub fn restore_chunks(
 
 /// Fetches `chunks` in order with a window of concurrent reads and hands each to
 /// `deliver`, stopping at the first chunk that cannot be had, once `stop()` says so, or
-/// when `deliver` returns false.
+/// when `deliver` returns false. Until each chunk is fetched its bytes count in the
+/// meter's backlog of `tier`, the tier the restore's assignment loads from.
 pub async fn fetch_in_order(
     cx: &FetchContext,
     model: &ModelFingerprint,
+    tier: Tier,
     chunks: Vec<ChunkDescriptor>,
     stop: impl Fn() -> bool,
     mut deliver: impl FnMut(Fetched) -> bool,
 ) {
+    let bytes = |d: &ChunkDescriptor| u64::from(d.token_count).saturating_mul(cx.row_bytes);
+    let mut booked = cx.meter.book(tier, chunks.iter().map(bytes).sum());
     // Permits are taken in chain order (the semaphore is fair), so the chunk the device
     // waits for next always has one.
     let window = Arc::new(Semaphore::new(RESTORE_FETCH_WINDOW));
@@ -161,6 +213,7 @@ pub async fn fetch_in_order(
         let Some(Some(fetched)) = next else {
             return;
         };
+        booked.fetched(bytes(&fetched.descriptor));
         if stop() || !deliver(fetched) {
             return;
         }
@@ -280,19 +333,28 @@ mod tests {
             let (request, tiers, plan) = stored(12, 10, 8).await;
             let cx = context(tiers, 8);
             let mut got = Vec::new();
+            let mut backlog = Vec::new();
             // Twelve asked for, ten stored: the chain stops at the eleventh.
             fetch_in_order(
                 &cx,
                 &request.model,
+                Tier::Ssd,
                 plan,
                 || false,
                 |f| {
                     got.push(f.descriptor.start);
+                    backlog.push(cx.meter.pending_bytes(Tier::Ssd));
                     true
                 },
             )
             .await;
             assert_eq!(got, (0..10).map(|i| i * 4).collect::<Vec<u32>>());
+            // 32 bytes a chunk (4 tokens × 8): the chunks not fetched yet are the SSD
+            // link's backlog, and nothing is left booked once the fetch ends.
+            let want: Vec<u64> = (1..=10).map(|i| (12 - i) * 32).collect();
+            assert_eq!(backlog, want);
+            assert_eq!(cx.meter.pending_bytes(Tier::Ssd), 0);
+            assert_eq!(cx.meter.pending_bytes(Tier::Ram), 0);
         });
     }
 
@@ -309,6 +371,7 @@ mod tests {
             let fetch = fetch_in_order(
                 &cx,
                 &request.model,
+                Tier::Ram,
                 plan.clone(),
                 || false,
                 |f| {
@@ -327,6 +390,7 @@ mod tests {
             fetch_in_order(
                 &cx,
                 &request.model,
+                Tier::Ram,
                 plan,
                 || false,
                 |f| {

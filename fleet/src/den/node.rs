@@ -632,6 +632,16 @@ fn observation(
         obs.tier_fixed_ms
             .insert(Tier::Object, object.latency_us as f64 / 1000.0);
     }
+    // What the worker's links have booked: loads from a tier wait behind them.
+    for (tier, ms) in [
+        (Tier::Ssd, load.nvme_backlog_ms),
+        (Tier::Object, load.object_backlog_ms),
+        (Tier::Gpu, load.pcie_backlog_ms + load.pcie_queued_ms),
+    ] {
+        if ms > 0.0 {
+            obs.link_backlog_ms.insert(tier, ms);
+        }
+    }
     obs.pool.total_pages = load.capacity_blocks;
     obs.pool.free = load.free_blocks;
     obs.pool.evictable = load.evictable_blocks;

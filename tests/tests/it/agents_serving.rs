@@ -350,6 +350,8 @@ async fn agents_a_restore_fetches_its_chunks_together_while_decodes_go_on() {
     // The restore's fetches are in flight together (off the device thread, a window at a
     // time), and the decode keeps streaming while the restore waits for its bytes: before,
     // the device thread read each chunk itself and no step ran until the restore was done.
+    // Heartbeats every 100 ms: the restore's bytes still to fetch show in them as the RAM
+    // link's backlog, which the router prices a new RAM load behind.
     let costs = [
         "--prefill-ms-per-token",
         "4",
@@ -358,7 +360,10 @@ async fn agents_a_restore_fetches_its_chunks_together_while_decodes_go_on() {
         "--decode-ms-per-token",
         "5",
     ];
-    let router = start_router(Some("s3cret"), &[]);
+    let router = start_router(
+        Some("s3cret"),
+        &["--heartbeat-interval", "100ms", "--heartbeat-timeout", "2s"],
+    );
     let worker = start_worker(&router, "w-a", true, &costs);
     router.wait_workers(&["w-a"]).await;
     let tokens = prompt(1, 100);
@@ -389,7 +394,22 @@ async fn agents_a_restore_fetches_its_chunks_together_while_decodes_go_on() {
         }
         at
     };
-    let ((again, done), decoded) = tokio::join!(restore, deltas);
+    // The largest RAM link backlog the router hears of while the restore runs.
+    let backlog = async {
+        let mut most = 0f64;
+        while sent.elapsed() < Duration::from_secs(3) && most == 0.0 {
+            if let Some(obs) = router.observation("w-a").await {
+                most = most.max(obs["link_backlog_ms"]["ram"].as_f64().unwrap_or(0.0));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        most
+    };
+    let ((again, done), decoded, backlog) = tokio::join!(restore, deltas, backlog);
+    assert!(
+        backlog > 0.0,
+        "no heartbeat during the restore reported the RAM link's backlog"
+    );
     assert_eq!(again.kind(), "completed", "{:?}", again.terminal);
     assert_eq!(again.tier(), "ram");
     assert_eq!(again.cached_tokens(), 99, "seven chunks restored");
@@ -413,6 +433,15 @@ async fn agents_a_restore_fetches_its_chunks_together_while_decodes_go_on() {
         "the seven fetches were in flight together"
     );
     assert_eq!(metric(&m, "den_restore_fetches_in_flight", &[]), 0.0);
+    wait_for(
+        "the RAM link's backlog to clear",
+        Duration::from_secs(5),
+        || async {
+            let obs = router.observation("w-a").await?;
+            obs.get("link_backlog_ms").is_none().then_some(())
+        },
+    )
+    .await;
 }
 
 /// Once `worker` is idle, evicts its resident routes and waits until the router no longer

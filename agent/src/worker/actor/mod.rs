@@ -666,6 +666,7 @@ impl Actor {
             config.chunk_size,
         );
         let model = op.work.request.model.clone();
+        let tier = op.work.candidate.tier;
         let stop = Arc::new(AtomicBool::new(false));
         if !self.p.device.submit(Job::Restore {
             job,
@@ -686,7 +687,7 @@ impl Actor {
         let tx = self.internal_tx.clone();
         tokio::spawn(async move {
             let ended = || cancel.load(Ordering::Relaxed) || stop.load(Ordering::Relaxed);
-            fetch::fetch_in_order(&cx, &model, chunks, ended, |f| {
+            fetch::fetch_in_order(&cx, &model, tier, chunks, ended, |f| {
                 tx.send(Internal::Fetched {
                     job,
                     fetched: Some(f),

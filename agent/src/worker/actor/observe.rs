@@ -42,6 +42,11 @@ impl Actor {
             if self.p.tiers.get(tier).is_some() {
                 let v = self.tier_bytes_per_ms(tier).unwrap_or(fallback);
                 obs.tier_throughput_bytes_per_ms.insert(tier, v);
+                // Restores still reading from the tier: a new load waits behind them.
+                let pending = self.fetches.pending_bytes(tier);
+                if pending > 0 {
+                    obs.link_backlog_ms.insert(tier, pending as f64 / v);
+                }
             }
         }
         {
