@@ -444,6 +444,18 @@ pub struct BatchTable {
 }
 
 impl BatchTable {
+    /// Each table with the buffer it is copied into before a pass.
+    pub fn uploads(&self) -> [(Buffer, &[u32]); 6] {
+        [
+            (Buffer::Tokens, &self.tokens),
+            (Buffer::Pos, &self.pos),
+            (Buffer::RowSeq, &self.row_seq),
+            (Buffer::PtOff, &self.pt_off),
+            (Buffer::Pages, &self.pages),
+            (Buffer::LogitRows, &self.logit_rows),
+        ]
+    }
+
     /// `rows`' table, every page below `arena_pages`.
     pub fn of(rows: &[BatchRow<'_>], arena_pages: u64) -> Result<BatchTable, ModelError> {
         let n = rows.len();

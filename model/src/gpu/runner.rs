@@ -433,14 +433,7 @@ impl<'m, 'a> GpuRunner<'m, 'a> {
             )?;
             self.resolve_addresses();
         }
-        for (buffer, host) in [
-            (Buffer::Tokens, &table.tokens),
-            (Buffer::Pos, &table.pos),
-            (Buffer::RowSeq, &table.row_seq),
-            (Buffer::PtOff, &table.pt_off),
-            (Buffer::Pages, &table.pages),
-            (Buffer::LogitRows, &table.logit_rows),
-        ] {
+        for (buffer, host) in table.uploads() {
             if host.is_empty() {
                 continue;
             }

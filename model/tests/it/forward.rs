@@ -825,3 +825,18 @@ fn run_errors_are_one_line() {
         "position 64 is past the model's context (64 positions)"
     );
 }
+
+/// The largest logit's index, and its margin over the runner-up.
+pub(crate) fn top(logits: &[f32]) -> (usize, f32) {
+    let mut best = (0usize, f32::NEG_INFINITY);
+    let mut second = f32::NEG_INFINITY;
+    for (i, v) in logits.iter().enumerate() {
+        if *v > best.1 {
+            second = best.1;
+            best = (i, *v);
+        } else if *v > second {
+            second = *v;
+        }
+    }
+    (best.0, best.1 - second)
+}

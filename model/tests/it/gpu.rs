@@ -22,7 +22,7 @@ use den_model::gpu::{
 use den_model::kv::{HostKvPages, Sequence};
 use den_model::{BatchRow, GgmlType, Model, Runner, RunnerOptions};
 
-use crate::forward::{Shape, build, rel_err, tiny_gemma, tiny_llama};
+use crate::forward::{Shape, build, rel_err, tiny_gemma, tiny_llama, top};
 
 fn require_all() -> bool {
     std::env::var_os("DEN_TEST_REQUIRE_ALL").is_some_and(|v| v == "1")
@@ -128,21 +128,6 @@ fn pair<'m, 'a>(m: &'m Model<'a>, pages: u32) -> Pair<'m, 'a> {
         host: HostKvPages::new(layout, 16, pages).unwrap(),
         arena,
     }
-}
-
-/// The largest logit's index, and its margin over the runner-up.
-fn top(logits: &[f32]) -> (usize, f32) {
-    let mut best = (0usize, f32::NEG_INFINITY);
-    let mut second = f32::NEG_INFINITY;
-    for (i, v) in logits.iter().enumerate() {
-        if *v > best.1 {
-            second = best.1;
-            best = (i, *v);
-        } else if *v > second {
-            second = *v;
-        }
-    }
-    (best.0, best.1 - second)
 }
 
 #[test]

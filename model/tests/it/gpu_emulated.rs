@@ -24,7 +24,7 @@ use den_model::ops::{Kernels, f32_to_f16};
 use den_model::quant::f16_to_f32;
 use den_model::{BatchRow, Model, Runner, RunnerOptions};
 
-use crate::forward::{Rng, build, rel_err as rel, tiny_gemma, tiny_llama};
+use crate::forward::{Rng, build, rel_err as rel, tiny_gemma, tiny_llama, top};
 
 /// The emulator, built once per test process (`None`: no C++ compiler here).
 fn emulator() -> Option<&'static Path> {
@@ -540,14 +540,7 @@ impl<'m, 'a> EmulatedGpu<'m, 'a> {
         let table = BatchTable::of(rows, self.arena_pages).unwrap();
         let id = |b: Buffer| self.ids[&b];
         let mut p = std::mem::take(&mut self.passes);
-        let uploads = [
-            (Buffer::Tokens, &table.tokens),
-            (Buffer::Pos, &table.pos),
-            (Buffer::RowSeq, &table.row_seq),
-            (Buffer::PtOff, &table.pt_off),
-            (Buffer::Pages, &table.pages),
-            (Buffer::LogitRows, &table.logit_rows),
-        ];
+        let uploads = table.uploads();
         p = p.u(uploads.len() as u32);
         for (b, v) in uploads {
             p = p.u(id(b)).q(v.len() as u64 * 4).us(v);
@@ -705,19 +698,4 @@ fn emulated_gpu_pass_follows_its_plan_and_agrees_with_the_cpu_runner() {
             "{name}: the mixed batch wants two tokens"
         );
     }
-}
-
-/// The largest value's index, and its margin over the runner-up.
-fn top(v: &[f32]) -> (usize, f32) {
-    let mut best = (0usize, f32::NEG_INFINITY);
-    let mut second = f32::NEG_INFINITY;
-    for (i, x) in v.iter().enumerate() {
-        if *x > best.1 {
-            second = best.1;
-            best = (i, *x);
-        } else if *x > second {
-            second = *x;
-        }
-    }
-    (best.0, best.1 - second)
 }
