@@ -942,6 +942,10 @@ mod avx2 {
         const MIN: bool;
         /// Every entry's `sc` is 1 (the scale is in `d`).
         const UNIT_SCALE: bool = true;
+        /// Every quant is non-negative (nibbles with a min term): the unsigned × signed
+        /// byte product takes the weights as they are, without the sign trick signed
+        /// weights need — the same integers, two instructions fewer a block.
+        const UNSIGNED: bool = false;
         /// # Safety
         /// `b` must be valid for reading `BYTES` bytes, and the CPU must have AVX2 and
         /// F16C (only called from the `#[target_feature]` functions below).
@@ -1007,6 +1011,7 @@ mod avx2 {
         const BYTES: usize = 20;
         const SUB: usize = 1;
         const MIN: bool = true;
+        const UNSIGNED: bool = true;
         #[inline(always)]
         unsafe fn one(b: *const u8) -> Dec {
             // SAFETY: the trait's contract: 20 readable bytes, AVX2.
@@ -1047,6 +1052,7 @@ mod avx2 {
         const BYTES: usize = 144;
         const SUB: usize = 8;
         const MIN: bool = true;
+        const UNSIGNED: bool = true;
         unsafe fn one(_: *const u8) -> Dec {
             Dec::ZERO
         }
@@ -1159,10 +1165,18 @@ mod avx2 {
                 ($b:expr, $dw:expr) => {{
                     let b: usize = $b;
                     let dw: &Dec = $dw;
-                    let aw = _mm256_sign_epi8(dw.q, dw.q);
+                    let aw = if D::UNSIGNED {
+                        dw.q
+                    } else {
+                        _mm256_sign_epi8(dw.q, dw.q)
+                    };
                     for r in 0..NR {
                         let xv = load32(xq[r].add(b * QK).cast::<u8>());
-                        let sx = _mm256_sign_epi8(xv, dw.q);
+                        let sx = if D::UNSIGNED {
+                            xv
+                        } else {
+                            _mm256_sign_epi8(xv, dw.q)
+                        };
                         let i = if VNNI && D::UNIT_SCALE {
                             _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, sx)
                         } else {
