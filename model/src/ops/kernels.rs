@@ -1133,7 +1133,7 @@ mod avx2 {
         }
     }
 
-    /// `NR` rows starting at `r0`: two accumulators per row (even, odd blocks), blocks in order (so a row's
+    /// `NR` rows starting at `r0`: one accumulator per row, blocks in order (so a row's
     /// value is the same whatever `NR` it was computed in).
     ///
     /// # Safety
@@ -1210,6 +1210,66 @@ mod avx2 {
         }
     }
 
+    /// `MW` weight rows against activation row `r0`, for one-block decoders: each weight
+    /// row's blocks in [`fused`]'s order and arithmetic (the same bits), the rows' chains
+    /// interleaved. A one-row decode is otherwise one serial chain of FMAs per weight row,
+    /// each block waiting for the last; `MW` independent chains hide that latency, and
+    /// the activation block is loaded once for all of them.
+    ///
+    /// # Safety
+    /// AVX2, FMA, F16C; `D::SUB == 1`; each `w[m]` whole blocks of `D`, `x` a row `r0` of at
+    /// least their width; `out` at least `MW` long.
+    #[inline(always)]
+    unsafe fn fused_wide<D: Decoder, const MW: usize, const VNNI: bool>(
+        w: [&[u8]; MW],
+        x: &Q8Rows,
+        r0: usize,
+        out: &mut [f32],
+    ) {
+        let n = x.n;
+        let nb = n / QK;
+        let blocks = w
+            .iter()
+            .map(|r| r.len() / D::BYTES)
+            .min()
+            .unwrap_or(0)
+            .min(nb);
+        // SAFETY: the caller's contract; every pointer is within the slices checked by
+        // the caller (`matrix_of`).
+        unsafe {
+            let mut acc = [_mm256_setzero_ps(); MW];
+            let mut accm = [0.0f32; MW];
+            let xq = x.q.as_ptr().add(r0 * n);
+            let xd = x.d.as_ptr().add(r0 * nb);
+            let xs = x.s.as_ptr().add(r0 * nb);
+            for b in 0..blocks {
+                let xv = load32(xq.add(b * QK).cast::<u8>());
+                let (xdb, xsb) = (*xd.add(b), *xs.add(b));
+                for m in 0..MW {
+                    let dw = D::one(w[m].as_ptr().add(b * D::BYTES));
+                    let (aw, sx) = if D::UNSIGNED {
+                        (dw.q, xv)
+                    } else {
+                        (_mm256_sign_epi8(dw.q, dw.q), _mm256_sign_epi8(xv, dw.q))
+                    };
+                    let i = if VNNI && D::UNIT_SCALE {
+                        _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, sx)
+                    } else {
+                        _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), dw.sc)
+                    };
+                    let p = _mm256_cvtepi32_ps(i);
+                    acc[m] = _mm256_fmadd_ps(p, _mm256_set1_ps(dw.d * xdb), acc[m]);
+                    if D::MIN {
+                        accm[m] = dw.m.mul_add(xsb, accm[m]);
+                    }
+                }
+            }
+            for m in 0..MW {
+                out[m] = hsum(acc[m]) + accm[m];
+            }
+        }
+    }
+
     /// # Safety
     /// AVX2, FMA, F16C.
     #[inline(always)]
@@ -1233,6 +1293,25 @@ mod avx2 {
         }
         // SAFETY: the caller's contract; sizes checked above.
         unsafe {
+            if rows == 1 && D::SUB == 1 {
+                // A one-row decode: four weight rows' chains at a time.
+                let mut ws = w.chunks_exact(row_bytes);
+                let mut outs = out.chunks_exact_mut(4);
+                let whole = (w.len() / row_bytes) / 4;
+                for _ in 0..whole {
+                    let (Some(a), Some(b), Some(c), Some(d), Some(o)) =
+                        (ws.next(), ws.next(), ws.next(), ws.next(), outs.next())
+                    else {
+                        break;
+                    };
+                    fused_wide::<D, 4, VNNI>([a, b, c, d], x, 0, o);
+                }
+                let done = whole * 4;
+                for (wr, o) in ws.zip(out[done..].chunks_exact_mut(1)) {
+                    fused::<D, 1, VNNI>(wr, x, 0, o);
+                }
+                return true;
+            }
             for (wr, out) in w
                 .chunks_exact(row_bytes)
                 .zip(out.chunks_exact_mut(rows.max(1)))
@@ -1563,6 +1642,47 @@ pub(super) mod tests {
             assert_eq!(three, all[..3], "{ty}");
         }
         assert!(!k.dot_rows(GgmlType::F16, &[0; 64], &xq, 1, &mut [0.0]));
+    }
+
+    /// A one-row decode's matrix (weight rows in fours, then the rest) gives each weight
+    /// row the bits that row gets alone and in a batch: with and without VNNI.
+    #[test]
+    fn one_row_matrix_equals_each_weight_row_alone() {
+        let k = Kernels::detect();
+        if !k.is_fused() {
+            eprintln!("skipped: no AVX2 here");
+            return;
+        }
+        let mut rng = Rng(7);
+        let n = 256;
+        let x: Vec<f32> = (0..n * 4).map(|_| rng.f()).collect();
+        let mut xq = Q8Rows::default();
+        xq.quantize(k, &x, 4, n);
+        let mut x1 = Q8Rows::default();
+        x1.quantize(k, &x[..n], 1, n);
+        for ty in [
+            GgmlType::Q8_0,
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q5_0,
+            GgmlType::Q4_K,
+            GgmlType::Q6_K,
+        ] {
+            let rows: Vec<Vec<u8>> = (0..11).map(|_| random_row(ty, n, &mut rng)).collect();
+            let w: Vec<u8> = rows.concat();
+            for kk in [k, Kernels { vnni: false, ..k }] {
+                let mut got = vec![0.0; rows.len()];
+                assert!(kk.dot_matrix(ty, &w, rows[0].len(), &x1, 1, &mut got));
+                for (j, r) in rows.iter().enumerate() {
+                    let mut alone = [0.0];
+                    assert!(kk.dot_rows(ty, r, &x1, 1, &mut alone));
+                    let mut batch = [0.0; 4];
+                    assert!(kk.dot_rows(ty, r, &xq, 4, &mut batch));
+                    assert_eq!(got[j].to_bits(), alone[0].to_bits(), "{ty} row {j}");
+                    assert_eq!(got[j].to_bits(), batch[0].to_bits(), "{ty} row {j}");
+                }
+            }
+        }
     }
 
     #[test]
