@@ -9,8 +9,9 @@
 //! host.
 //!
 //! The pass for a batch shape (rows, rows wanting logits, greedy) is resolved to device
-//! addresses once and captured as a **CUDA graph** the first time it runs: later steps of
-//! the same shape replay the graph — one launch instead of ~300 for a 30-layer model,
+//! addresses once and captured as a **CUDA graph** the second time it runs (a shape seen
+//! once, such as an odd-sized prefill chunk, costs no capture): later steps of the same
+//! shape replay the graph — one launch instead of ~300 for a 30-layer model,
 //! which is what bounds small-batch decode. Everything a step changes (tokens, positions,
 //! page tables) is copied into the same device buffers before the replay. If capture or
 //! instantiation fails, the runner says why ([`GpuRunner::graphs`]) and launches eagerly
@@ -122,6 +123,9 @@ enum Resolved {
 struct Pass {
     steps: Vec<Resolved>,
     graph: Option<CudaGraph>,
+    /// Times the shape has run: it is captured when it comes back, so a one-off shape (a
+    /// prefill chunk of an odd size) pays no capture.
+    runs: u32,
 }
 
 /// Whether the runner replays CUDA graphs.
@@ -470,7 +474,17 @@ impl<'m, 'a> GpuRunner<'m, 'a> {
                 .iter()
                 .map(|s| self.resolve(s, arena))
                 .collect::<Result<Vec<_>, _>>()?;
-            self.passes.insert(key, Pass { steps, graph: None });
+            self.passes.insert(
+                key,
+                Pass {
+                    steps,
+                    graph: None,
+                    runs: 0,
+                },
+            );
+        }
+        if let Some(pass) = self.passes.get_mut(&key) {
+            pass.runs = pass.runs.saturating_add(1);
         }
         let Some(pass) = self.passes.get(&key) else {
             return Err(GpuError::Unsupported("a resolved pass went missing".into()));
@@ -480,7 +494,7 @@ impl<'m, 'a> GpuRunner<'m, 'a> {
                 .launch()
                 .map_err(|e| GpuError::call("replaying the pass's CUDA graph", e));
         }
-        if !matches!(self.graphs, GraphState::On { .. }) {
+        if !matches!(self.graphs, GraphState::On { .. }) || pass.runs < 2 {
             return self.execute(&pass.steps);
         }
         match self.capture(&pass.steps) {
