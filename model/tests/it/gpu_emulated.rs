@@ -699,3 +699,38 @@ fn emulated_gpu_pass_follows_its_plan_and_agrees_with_the_cpu_runner() {
         );
     }
 }
+
+#[test]
+fn a_pass_is_nine_steps_a_layer_and_skips_what_no_logit_needs() {
+    let shape = tiny_llama();
+    let f = GgufFile::from_bytes("plan.gguf".to_string(), build(&shape, 7)).unwrap();
+    let m = Model::load(&f).unwrap();
+    let layers = shape.layers;
+    let pass = |rows, wanted, greedy| {
+        gpu_plan::plan(
+            &m,
+            PassShape {
+                rows,
+                wanted,
+                greedy,
+                row_bytes: m.kv_layout().row_bytes() as u64,
+                page_size: 16,
+            },
+        )
+    };
+    // Embedding and the first norm, 9 a layer, the gathered norm and the logits product.
+    assert_eq!(pass(3, 1, false).len(), 2 + 9 * layers + 2);
+    // Greedy adds the argmax; a prefill chunk wanting no logits stops after the last
+    // layer's K/V are written (its product and the per-head kernel).
+    assert_eq!(pass(3, 1, true).len(), 2 + 9 * layers + 3);
+    assert_eq!(pass(3, 0, false).len(), 2 + 9 * (layers - 1) + 2);
+    assert!(pass(0, 0, false).is_empty());
+    let launches = |steps: &[Step]| {
+        steps
+            .iter()
+            .filter(|s| matches!(s, Step::Launch { .. }))
+            .count()
+    };
+    // Of a layer's 9, 4 are cuBLAS products (Q/K/V, output, gate/up, down).
+    assert_eq!(launches(&pass(3, 1, false)), 2 + 5 * layers + 1);
+}
