@@ -1645,7 +1645,8 @@ pub(super) mod tests {
     }
 
     /// A one-row decode's matrix (weight rows in fours, then the rest) gives each weight
-    /// row the bits that row gets alone and in a batch: with and without VNNI.
+    /// row the bits that row gets alone and in a batch, and so does a batch's matrix:
+    /// with and without VNNI.
     #[test]
     fn one_row_matrix_equals_each_weight_row_alone() {
         let k = Kernels::detect();
@@ -1655,11 +1656,13 @@ pub(super) mod tests {
         }
         let mut rng = Rng(7);
         let n = 256;
-        let x: Vec<f32> = (0..n * 4).map(|_| rng.f()).collect();
+        let x: Vec<f32> = (0..n * 7).map(|_| rng.f()).collect();
         let mut xq = Q8Rows::default();
         xq.quantize(k, &x, 4, n);
         let mut x1 = Q8Rows::default();
         x1.quantize(k, &x[..n], 1, n);
+        let mut x7 = Q8Rows::default();
+        x7.quantize(k, &x, 7, n);
         for ty in [
             GgmlType::Q8_0,
             GgmlType::Q4_0,
@@ -1680,6 +1683,20 @@ pub(super) mod tests {
                     assert!(kk.dot_rows(ty, r, &xq, 4, &mut batch));
                     assert_eq!(got[j].to_bits(), alone[0].to_bits(), "{ty} row {j}");
                     assert_eq!(got[j].to_bits(), batch[0].to_bits(), "{ty} row {j}");
+                }
+                // A batch of seven activation rows over the same matrix: each weight
+                // row's column has the bits of that row alone.
+                let mut got = vec![0.0; rows.len() * 7];
+                assert!(kk.dot_matrix(ty, &w, rows[0].len(), &x7, 7, &mut got));
+                for (j, r) in rows.iter().enumerate() {
+                    let mut alone = [0.0; 7];
+                    assert!(kk.dot_rows(ty, r, &x7, 7, &mut alone));
+                    let got: Vec<u32> = got[j * 7..(j + 1) * 7]
+                        .iter()
+                        .map(|v| v.to_bits())
+                        .collect();
+                    let want: Vec<u32> = alone.iter().map(|v| v.to_bits()).collect();
+                    assert_eq!(got, want, "{ty} weight row {j} over 7 rows");
                 }
             }
         }
