@@ -1598,6 +1598,16 @@ pub(super) mod tests {
         }
     }
 
+    /// Every weight type the fused dots take.
+    const FUSED_TYPES: [GgmlType; 6] = [
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+    ];
+
     /// The fused multi-row dot: the unpacked dot's value (to f32 rounding), and the same
     /// bits for a row whether computed alone or with 6 others.
     #[test]
@@ -1613,14 +1623,7 @@ pub(super) mod tests {
         let x: Vec<f32> = (0..n * rows).map(|_| rng.f()).collect();
         let mut xq = Q8Rows::default();
         xq.quantize(k, &x, rows, n);
-        for ty in [
-            GgmlType::Q8_0,
-            GgmlType::Q4_0,
-            GgmlType::Q4_1,
-            GgmlType::Q5_0,
-            GgmlType::Q4_K,
-            GgmlType::Q6_K,
-        ] {
+        for ty in FUSED_TYPES {
             let w = random_row(ty, n, &mut rng);
             let mut all = vec![0.0; rows];
             assert!(k.dot_rows(ty, &w, &xq, rows, &mut all));
@@ -1663,14 +1666,7 @@ pub(super) mod tests {
         x1.quantize(k, &x[..n], 1, n);
         let mut x7 = Q8Rows::default();
         x7.quantize(k, &x, 7, n);
-        for ty in [
-            GgmlType::Q8_0,
-            GgmlType::Q4_0,
-            GgmlType::Q4_1,
-            GgmlType::Q5_0,
-            GgmlType::Q4_K,
-            GgmlType::Q6_K,
-        ] {
+        for ty in FUSED_TYPES {
             let rows: Vec<Vec<u8>> = (0..11).map(|_| random_row(ty, n, &mut rng)).collect();
             let w: Vec<u8> = rows.concat();
             for kk in [k, Kernels { vnni: false, ..k }] {
