@@ -18,13 +18,14 @@
 //! then ssd, then object); missing and corrupt replicas are reported so the catalog
 //! forgets them.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
+use den_protocol::calibration::Ewma;
 use den_protocol::candidate::Tier;
 use den_protocol::chunk::{ChunkDescriptor, RESTORE_FETCH_WINDOW, plan_chunks};
 use den_protocol::ids::ModelFingerprint;
@@ -69,6 +70,36 @@ pub struct FetchMeter {
     peak: AtomicUsize,
     /// Bytes to fetch, by [`BACKLOG_TIERS`] index.
     pending: [AtomicU64; 3],
+    /// What restores measured of each tier's link, by [`BACKLOG_TIERS`] index.
+    fits: Mutex<[LinkFit; 3]>,
+}
+
+/// What restores measured of one tier's link, for the heartbeat: the rate chunks
+/// arrive at once the first is in (the window keeps the link busy, so this is the
+/// link's rate as a restore sees it, not one fetch's), and the time to the first chunk
+/// beyond its own bytes (the latency a restore pays once before the bytes stream). Per
+/// fetch samples cannot tell the two apart (every chunk is the same size), and with
+/// [`RESTORE_FETCH_WINDOW`] fetches sharing the link one fetch's time is mostly the
+/// others'.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LinkFit {
+    pub bytes_per_ms: Ewma,
+    pub fixed_ms: Ewma,
+}
+
+/// One restore's arrivals — each delivered chunk's (ms since the fetch began, bytes), in
+/// chain order — as (streaming rate in bytes/ms when the chunks after the first took
+/// measurable time, latency in ms). `None` for fewer than two chunks.
+pub fn fit_restore(arrivals: &[(f64, u64)]) -> Option<(Option<f64>, f64)> {
+    let (&(first_ms, first_bytes), rest) = arrivals.split_first()?;
+    let &(last_ms, _) = rest.last()?;
+    let streamed: u64 = rest.iter().map(|a| a.1).sum();
+    let span = last_ms - first_ms;
+    // Below a microsecond the chunks after the first came at once: the link was not
+    // what they waited for, so there is no rate to learn, only the latency.
+    let rate = (span > 1e-3 && streamed > 0).then(|| streamed as f64 / span);
+    let own = rate.map_or(0.0, |r| first_bytes as f64 / r);
+    Some((rate, (first_ms - own).max(0.0)))
 }
 
 /// The tiers a restore reads from, in [`FetchMeter`]'s order.
@@ -96,6 +127,32 @@ impl Drop for Booked<'_> {
 }
 
 impl FetchMeter {
+    /// What restores measured of `tier`'s link (ram, ssd or object).
+    pub fn link_fit(&self, tier: Tier) -> LinkFit {
+        let fits = self.fits.lock().unwrap_or_else(|p| p.into_inner());
+        BACKLOG_TIERS
+            .iter()
+            .position(|t| *t == tier)
+            .and_then(|i| fits.get(i).copied())
+            .unwrap_or_default()
+    }
+
+    fn learn(&self, tier: Tier, arrivals: &[(f64, u64)]) {
+        let (Some(slot), Some((rate, fixed))) = (
+            BACKLOG_TIERS.iter().position(|t| *t == tier),
+            fit_restore(arrivals),
+        ) else {
+            return;
+        };
+        let mut fits = self.fits.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = fits.get_mut(slot) {
+            if let Some(r) = rate {
+                f.bytes_per_ms.observe(r);
+            }
+            f.fixed_ms.observe(fixed);
+        }
+    }
+
     /// Bytes restores have yet to fetch from `tier` (ram, ssd or object).
     pub fn pending_bytes(&self, tier: Tier) -> u64 {
         BACKLOG_TIERS
@@ -169,7 +226,9 @@ pub fn restore_chunks(
 /// Fetches `chunks` in order with a window of concurrent reads and hands each to
 /// `deliver`, stopping at the first chunk that cannot be had, once `stop()` says so, or
 /// when `deliver` returns false. Until each chunk is fetched its bytes count in the
-/// meter's backlog of `tier`, the tier the restore's assignment loads from.
+/// meter's backlog of `tier`, the tier the restore's assignment loads from; when the
+/// restore read every chunk from that tier, what its arrivals show of the link is
+/// learned ([`LinkFit`]).
 pub async fn fetch_in_order(
     cx: &FetchContext,
     model: &ModelFingerprint,
@@ -180,6 +239,9 @@ pub async fn fetch_in_order(
 ) {
     let bytes = |d: &ChunkDescriptor| u64::from(d.token_count).saturating_mul(cx.row_bytes);
     let mut booked = cx.meter.book(tier, chunks.iter().map(bytes).sum());
+    let started = Instant::now();
+    let mut arrivals: Vec<(f64, u64)> = Vec::with_capacity(chunks.len());
+    let mut one_tier = true;
     // Permits are taken in chain order (the semaphore is fair), so the chunk the device
     // waits for next always has one.
     let window = Arc::new(Semaphore::new(RESTORE_FETCH_WINDOW));
@@ -205,18 +267,24 @@ pub async fn fetch_in_order(
             next = stream.next() => next,
             _ = poll.tick() => {
                 if stop() {
-                    return;
+                    break;
                 }
                 continue;
             }
         };
         let Some(Some(fetched)) = next else {
-            return;
+            break;
         };
-        booked.fetched(bytes(&fetched.descriptor));
+        let n = bytes(&fetched.descriptor);
+        booked.fetched(n);
+        arrivals.push((started.elapsed().as_secs_f64() * 1e3, n));
+        one_tier &= fetched.tier == tier;
         if stop() || !deliver(fetched) {
-            return;
+            break;
         }
+    }
+    if one_tier {
+        cx.meter.learn(tier, &arrivals);
     }
 }
 
@@ -402,6 +470,23 @@ mod tests {
             .await;
             assert_eq!(placed, n);
         });
+    }
+
+    #[test]
+    fn a_restores_arrivals_give_the_links_streaming_rate_and_its_latency() {
+        // 30 ms before the first byte, then 10 bytes/ms: 100-byte chunks arrive at 40, 50,
+        // 60 ms.
+        let (rate, fixed) = fit_restore(&[(40.0, 100), (50.0, 100), (60.0, 100)]).unwrap();
+        assert_eq!(rate, Some(10.0));
+        assert!((fixed - 30.0).abs() < 1e-9, "{fixed}");
+        // Everything at once after 300 ms: a latency, and no rate to learn.
+        assert_eq!(
+            fit_restore(&[(300.0, 10), (300.0, 10)]),
+            Some((None, 300.0))
+        );
+        // One chunk cannot tell latency from bytes.
+        assert_eq!(fit_restore(&[(5.0, 10)]), None);
+        assert_eq!(fit_restore(&[]), None);
     }
 
     #[test]

@@ -442,6 +442,19 @@ async fn agents_a_restore_fetches_its_chunks_together_while_decodes_go_on() {
         },
     )
     .await;
+    // What the restore's arrivals showed of the link: every fetch waited 300 ms before
+    // its bytes, so the heartbeat reports that latency for the RAM tier, which the router
+    // charges once per window of a restore instead of folding it into every chunk's rate.
+    let fixed = wait_for(
+        "the RAM tier's measured latency in a heartbeat",
+        Duration::from_secs(5),
+        || async {
+            let obs = router.observation("w-a").await?;
+            obs["tier_fixed_ms"]["ram"].as_f64()
+        },
+    )
+    .await;
+    assert!((250.0..2000.0).contains(&fixed), "RAM latency {fixed} ms");
 }
 
 /// Once `worker` is idle, evicts its resident routes and waits until the router no longer

@@ -40,8 +40,19 @@ impl Actor {
             (Tier::Object, DEFAULT_OBJECT_BYTES_PER_MS),
         ] {
             if self.p.tiers.get(tier).is_some() {
-                let v = self.tier_bytes_per_ms(tier).unwrap_or(fallback);
+                // What restores measured of the link (its streaming rate and latency),
+                // else single reads' rate, else a default.
+                let fit = self.fetches.link_fit(tier);
+                let v = fit
+                    .bytes_per_ms
+                    .value
+                    .filter(|v| v.is_finite() && *v > 0.0)
+                    .or_else(|| self.tier_bytes_per_ms(tier))
+                    .unwrap_or(fallback);
                 obs.tier_throughput_bytes_per_ms.insert(tier, v);
+                if let Some(ms) = fit.fixed_ms.value.filter(|v| v.is_finite() && *v >= 0.0) {
+                    obs.tier_fixed_ms.insert(tier, ms);
+                }
                 // Restores still reading from the tier: a new load waits behind them.
                 let pending = self.fetches.pending_bytes(tier);
                 if pending > 0 {
