@@ -16,7 +16,7 @@
 
 use std::collections::HashMap;
 
-use crate::arch::{Arch, BatchRow, Model, ModelError};
+use crate::arch::{Arch, BatchRow, Config, Layer, Model, ModelError};
 use crate::kv::Sequence;
 use crate::ops::half::f32_to_f16;
 use crate::ops::math::{Activation, RopeStyle};
@@ -107,6 +107,17 @@ pub enum Kernel {
 }
 
 impl Kernel {
+    /// Every kernel a plan launches.
+    pub const ALL: [Kernel; 7] = [
+        Kernel::Embed,
+        Kernel::RmsNormH,
+        Kernel::QkRopeAppend,
+        Kernel::Attention,
+        Kernel::AddNormH,
+        Kernel::Glu,
+        Kernel::Argmax,
+    ];
+
     /// The kernel's entry point in `kernels.cu`.
     pub fn name(self) -> &'static str {
         match self {
@@ -154,8 +165,47 @@ pub struct PassShape {
     pub page_size: u32,
 }
 
-/// The sizes of the per-row buffers for `cap` rows, in elements.
-pub fn buffer_len(model: &Model<'_>, b: Buffer, cap: usize) -> usize {
+/// What a scratch buffer holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Elem {
+    F32,
+    /// f16 bits.
+    F16,
+    U32,
+}
+
+impl Elem {
+    pub fn bytes(self) -> usize {
+        match self {
+            Elem::F32 | Elem::U32 => 4,
+            Elem::F16 => 2,
+        }
+    }
+}
+
+/// Every scratch buffer a plan names (the arena and the weights aside), with what it
+/// holds: the runner allocates them, the emulator mirrors them.
+pub const BUFFERS: [(Buffer, Elem); 15] = [
+    (Buffer::X, Elem::F32),
+    (Buffer::Qkv, Elem::F32),
+    (Buffer::O, Elem::F32),
+    (Buffer::Gu, Elem::F32),
+    (Buffer::Logits, Elem::F32),
+    (Buffer::H16, Elem::F16),
+    (Buffer::Att16, Elem::F16),
+    (Buffer::Ff16, Elem::F16),
+    (Buffer::Tokens, Elem::U32),
+    (Buffer::Pos, Elem::U32),
+    (Buffer::RowSeq, Elem::U32),
+    (Buffer::LogitRows, Elem::U32),
+    (Buffer::PtOff, Elem::U32),
+    (Buffer::Pages, Elem::U32),
+    (Buffer::Argmax, Elem::U32),
+];
+
+/// Elements of scratch buffer `b` for batches of up to `cap` rows whose page tables
+/// total up to `pages` entries (at least one, for an empty allocation).
+pub fn buffer_len(model: &Model<'_>, b: Buffer, cap: usize, pages: usize) -> usize {
     let c = model.config();
     let qd = c.n_head * c.head_dim;
     let kvd = c.n_head_kv * c.head_dim;
@@ -170,9 +220,28 @@ pub fn buffer_len(model: &Model<'_>, b: Buffer, cap: usize) -> usize {
         Buffer::Logits => cap * c.vocab,
         Buffer::PtOff => cap + 1,
         Buffer::Tokens | Buffer::Pos | Buffer::RowSeq | Buffer::LogitRows | Buffer::Argmax => cap,
-        Buffer::Pages | Buffer::Arena | Buffer::Weight(_) => 0,
+        Buffer::Pages => pages.max(cap),
+        Buffer::Arena | Buffer::Weight(_) => 0,
     };
     len.max(1)
+}
+
+/// Which optional tensors a layer has on the device: the plan names exactly these and
+/// [`host_tensors`] prepares exactly these.
+struct Optional {
+    qk_norm: bool,
+    post_attn: bool,
+    post_ffn: bool,
+}
+
+impl Optional {
+    fn of(c: &Config, l: &Layer<'_>) -> Optional {
+        Optional {
+            qk_norm: c.qk_norm && !l.q_norm.is_empty() && !l.k_norm.is_empty(),
+            post_attn: c.post_norms && !l.post_attn_norm.is_empty(),
+            post_ffn: c.post_norms && !l.post_ffn_norm.is_empty(),
+        }
+    }
 }
 
 /// The pass for `shape` over `model`.
@@ -220,16 +289,18 @@ pub fn plan(model: &Model<'_>, shape: PassShape) -> Vec<Step> {
             Arg::F32(scale),
         ],
     ));
-    let norm_rows = |t| {
+    // `rows` rows of X (through `gather` when it names a row table) normed by `t` into
+    // H16's first rows, the next product's input.
+    let norm_rows = |rows: u32, t, gather: Arg| {
         launch(
             Kernel::RmsNormH,
-            (n, 1),
+            (rows, 1),
             BLOCK,
             vec![
                 p(Buffer::X),
                 w(t),
                 p(Buffer::H16),
-                Arg::Null,
+                gather,
                 Arg::I32(e),
                 Arg::F32(eps),
             ],
@@ -262,7 +333,7 @@ pub fn plan(model: &Model<'_>, shape: PassShape) -> Vec<Step> {
     let layout = model.kv_layout();
     let last = model.layers.len().saturating_sub(1);
     if !model.layers.is_empty() {
-        steps.push(norm_rows(Tensor::AttnNorm(0)));
+        steps.push(norm_rows(n, Tensor::AttnNorm(0), Arg::Null));
     }
     for (li, (layer, lc)) in model.layers.iter().zip(&c.layers).enumerate() {
         steps.push(gemm(
@@ -273,7 +344,8 @@ pub fn plan(model: &Model<'_>, shape: PassShape) -> Vec<Step> {
             qd + 2 * kvd,
             c.n_embd,
         ));
-        let qk_norm = c.qk_norm && !layer.q_norm.is_empty() && !layer.k_norm.is_empty();
+        let has = Optional::of(c, layer);
+        let qk_norm = has.qk_norm;
         let (k_off, v_off) = (layout.k_offset(li) as u64, layout.v_offset(li) as u64);
         let mut args = vec![
             p(Buffer::Qkv),
@@ -342,9 +414,8 @@ pub fn plan(model: &Model<'_>, shape: PassShape) -> Vec<Step> {
             c.n_embd,
             qd,
         ));
-        let post_attn = c.post_norms && !layer.post_attn_norm.is_empty();
         steps.push(add_norm(
-            optional(post_attn, Tensor::PostAttnNorm(li)),
+            optional(has.post_attn, Tensor::PostAttnNorm(li)),
             w(Tensor::FfnNorm(li)),
         ));
         steps.push(gemm(
@@ -376,32 +447,22 @@ pub fn plan(model: &Model<'_>, shape: PassShape) -> Vec<Step> {
             c.n_embd,
             c.n_ff,
         ));
-        let post_ffn = c.post_norms && !layer.post_ffn_norm.is_empty();
         let next = if li < last {
             w(Tensor::AttnNorm(li + 1))
         } else {
             Arg::Null
         };
-        steps.push(add_norm(optional(post_ffn, Tensor::PostFfnNorm(li)), next));
+        steps.push(add_norm(
+            optional(has.post_ffn, Tensor::PostFfnNorm(li)),
+            next,
+        ));
     }
     let wanted = shape.wanted as u32;
     if wanted == 0 {
         return steps;
     }
     // The rows that want logits, normed into H16's first rows, then projected.
-    steps.push(launch(
-        Kernel::RmsNormH,
-        (wanted, 1),
-        BLOCK,
-        vec![
-            p(Buffer::X),
-            w(Tensor::OutputNorm),
-            p(Buffer::H16),
-            p(Buffer::LogitRows),
-            Arg::I32(e),
-            Arg::F32(eps),
-        ],
-    ));
+    steps.push(norm_rows(wanted, Tensor::OutputNorm, p(Buffer::LogitRows)));
     let output = if model.tied_embeddings() {
         Tensor::TokenEmbd
     } else {
@@ -494,6 +555,12 @@ impl BatchTable {
     }
 }
 
+/// A weight the device cannot be given as the plan needs it (a tensor that fails to
+/// dequantize, products of one input with different widths), in one line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct WeightError(pub String);
+
 /// A tensor's values as the device holds them.
 #[derive(Debug, Clone, PartialEq)]
 pub enum HostData {
@@ -525,19 +592,20 @@ impl HostTensor {
 /// (den's dequantizers, bit-for-bit ggml's) and rounded to f16, stacked where the plan
 /// stacks them; norm vectors as f32; absent optional tensors left out. `each` is called
 /// once per tensor, so the caller can upload one at a time (a model's f16 weights are
-/// several times its file).
-pub fn host_tensors(
+/// several times its file); its error, or a [`WeightError`] of the preparation, ends the
+/// walk.
+pub fn host_tensors<E: From<WeightError>>(
     model: &Model<'_>,
-    mut each: impl FnMut(Tensor, HostTensor) -> Result<(), String>,
-) -> Result<(), String> {
+    mut each: impl FnMut(Tensor, HostTensor) -> Result<(), E>,
+) -> Result<(), E> {
     use crate::ops::matmul::Weight;
-    let stacked = |ws: &[&Weight<'_>]| -> Result<HostTensor, String> {
+    let stacked = |ws: &[&Weight<'_>]| -> Result<HostTensor, WeightError> {
         let cols = ws.first().map_or(0, |w| w.cols);
         if let Some(w) = ws.iter().find(|w| w.cols != cols) {
-            return Err(format!(
+            return Err(WeightError(format!(
                 "{} has {} columns where {} has {cols}: they read the same input",
                 w.name, w.cols, ws[0].name
-            ));
+            )));
         }
         let mut data = Vec::new();
         for w in ws {
@@ -563,18 +631,19 @@ pub fn host_tensors(
     for (li, l) in model.layers.iter().enumerate() {
         each(Tensor::AttnNorm(li), vector(&l.attn_norm))?;
         each(Tensor::Wqkv(li), stacked(&[&l.wq, &l.wk, &l.wv])?)?;
-        if c.qk_norm && !l.q_norm.is_empty() && !l.k_norm.is_empty() {
+        let has = Optional::of(c, l);
+        if has.qk_norm {
             each(Tensor::QNorm(li), vector(&l.q_norm))?;
             each(Tensor::KNorm(li), vector(&l.k_norm))?;
         }
         each(Tensor::Wo(li), stacked(&[&l.wo])?)?;
-        if c.post_norms && !l.post_attn_norm.is_empty() {
+        if has.post_attn {
             each(Tensor::PostAttnNorm(li), vector(&l.post_attn_norm))?;
         }
         each(Tensor::FfnNorm(li), vector(&l.ffn_norm))?;
         each(Tensor::GateUp(li), stacked(&[&l.gate, &l.up])?)?;
         each(Tensor::Down(li), stacked(&[&l.down])?)?;
-        if c.post_norms && !l.post_ffn_norm.is_empty() {
+        if has.post_ffn {
             each(Tensor::PostFfnNorm(li), vector(&l.post_ffn_norm))?;
         }
     }
@@ -582,12 +651,15 @@ pub fn host_tensors(
 }
 
 /// `w` dequantized row by row and rounded to f16 (nearest, ties to even), appended to `out`.
-fn dequantize_f16(w: &crate::ops::matmul::Weight<'_>, out: &mut Vec<u16>) -> Result<(), String> {
+fn dequantize_f16(
+    w: &crate::ops::matmul::Weight<'_>,
+    out: &mut Vec<u16>,
+) -> Result<(), WeightError> {
     out.reserve(w.rows * w.cols);
     let mut row = vec![0f32; w.cols];
     for j in 0..w.rows {
         quant::dequantize(w.ty, w.row(j), w.cols, &mut row)
-            .map_err(|e| format!("dequantizing {} row {j}: {e}", w.name))?;
+            .map_err(|e| WeightError(format!("dequantizing {} row {j}: {e}", w.name)))?;
         out.extend(row.iter().map(|v| f32_to_f16(*v)));
     }
     Ok(())

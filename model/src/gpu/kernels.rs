@@ -11,21 +11,18 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
 use cudarc::nvrtc::{CompileOptions, Ptx, compile_ptx_with_opts};
 
 use super::GpuError;
+use crate::gpu_plan::Kernel;
 
 /// The kernels' source.
 pub const KERNEL_SOURCE: &str = include_str!("kernels.cu");
 
-/// Every kernel entry point in [`KERNEL_SOURCE`].
-pub const KERNEL_NAMES: [&str; 8] = [
-    "den_embed",
-    "den_rms_norm_h",
-    "den_qk_rope_append",
-    "den_attention",
-    "den_add_norm_h",
-    "den_glu",
-    "den_argmax",
-    "den_noop",
-];
+/// Every kernel entry point in [`KERNEL_SOURCE`]: those plans launch, and the no-op.
+pub fn kernel_names() -> impl Iterator<Item = &'static str> {
+    Kernel::ALL
+        .iter()
+        .map(|k| k.name())
+        .chain(std::iter::once(NOOP_NAME))
+}
 
 /// Environment variable naming a precompiled PTX file to load instead of compiling.
 pub const PTX_ENV: &str = "DEN_CUDA_PTX";
@@ -62,6 +59,7 @@ pub fn compile_ptx(arch: &str) -> Result<String, GpuError> {
 
 /// An empty kernel: launching it measures launch overhead (`gpu-check`).
 const NOOP: &str = "extern \"C\" __global__ void den_noop() {}\n";
+const NOOP_NAME: &str = "den_noop";
 
 fn one_line(e: &impl std::fmt::Display) -> String {
     e.to_string()
@@ -74,13 +72,8 @@ fn one_line(e: &impl std::fmt::Display) -> String {
 /// The loaded kernels.
 #[derive(Debug)]
 pub struct Kernels {
-    pub embed: CudaFunction,
-    pub rms_norm_h: CudaFunction,
-    pub qk_rope_append: CudaFunction,
-    pub attention: CudaFunction,
-    pub add_norm_h: CudaFunction,
-    pub glu: CudaFunction,
-    pub argmax: CudaFunction,
+    /// In [`Kernel::ALL`]'s order, which is the enum's.
+    functions: Vec<CudaFunction>,
     pub noop: CudaFunction,
     /// Where the PTX came from: `nvrtc compute_90` or the file's path.
     pub origin: String,
@@ -115,17 +108,21 @@ impl Kernels {
                 .map_err(|e| GpuError::call(&format!("finding kernel {name}"), e))
         };
         Ok(Kernels {
-            embed: f("den_embed")?,
-            rms_norm_h: f("den_rms_norm_h")?,
-            qk_rope_append: f("den_qk_rope_append")?,
-            attention: f("den_attention")?,
-            add_norm_h: f("den_add_norm_h")?,
-            glu: f("den_glu")?,
-            argmax: f("den_argmax")?,
-            noop: f("den_noop")?,
+            functions: Kernel::ALL
+                .iter()
+                .map(|k| f(k.name()))
+                .collect::<Result<_, _>>()?,
+            noop: f(NOOP_NAME)?,
             origin,
             _module: module,
         })
+    }
+
+    /// The loaded function of `k`.
+    pub fn get(&self, k: Kernel) -> Result<&CudaFunction, GpuError> {
+        self.functions
+            .get(k as usize)
+            .ok_or_else(|| GpuError::Unsupported(format!("kernel {} is not loaded", k.name())))
     }
 }
 
@@ -141,9 +138,17 @@ mod tests {
     }
 
     #[test]
+    fn kernels_are_listed_in_their_enums_order() {
+        // `Kernels::get` indexes by the enum's value.
+        for (i, k) in Kernel::ALL.iter().enumerate() {
+            assert_eq!(*k as usize, i, "{k:?}");
+        }
+    }
+
+    #[test]
     fn every_kernel_name_is_an_entry_of_the_source() {
         let source = format!("{KERNEL_SOURCE}\n{NOOP}");
-        for name in KERNEL_NAMES {
+        for name in kernel_names() {
             assert!(
                 source.contains(&format!("__global__ void {name}(")),
                 "{name} is not in kernels.cu"

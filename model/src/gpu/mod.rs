@@ -20,7 +20,7 @@ pub mod runner;
 pub mod weights;
 
 pub use arena::{DeviceArena, open_device};
-pub use kernels::{KERNEL_NAMES, KERNEL_SOURCE, compile_ptx};
+pub use kernels::{KERNEL_SOURCE, compile_ptx, kernel_names};
 pub use libraries::{CudaLibraries, LoadedLibrary, check_libraries, loaded_libraries};
 pub use runner::{DeviceKv, GpuRunner};
 

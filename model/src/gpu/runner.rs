@@ -27,8 +27,8 @@ use std::sync::Arc;
 
 use cudarc::cublas::{CudaBlas, result as blas, sys as blas_sys};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaGraph, CudaSlice, CudaStream, DevicePtr, LaunchConfig,
-    PushKernelArg, sys as driver_sys,
+    CudaContext, CudaGraph, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
+    sys as driver_sys,
 };
 
 use super::GpuError;
@@ -36,7 +36,7 @@ use super::kernels::Kernels;
 use super::libraries::{LoadedLibrary, check_libraries, loaded_libraries};
 use super::weights::DeviceWeights;
 use crate::arch::{BatchRow, Model, ModelError};
-use crate::gpu_plan::{self, Arg, BatchTable, Buffer, Kernel, MAX_HEAD_DIM, PassShape, Step};
+use crate::gpu_plan::{self, Arg, BatchTable, Buffer, Elem, Kernel, MAX_HEAD_DIM, PassShape, Step};
 use crate::kv::{KvError, Sequence};
 
 /// A page arena in device memory, as the runner reads and writes it: `bytes` at device
@@ -75,24 +75,6 @@ struct Buffers {
     u32s: HashMap<Buffer, CudaSlice<u32>>,
 }
 
-const F32_BUFFERS: [Buffer; 5] = [
-    Buffer::X,
-    Buffer::Qkv,
-    Buffer::O,
-    Buffer::Gu,
-    Buffer::Logits,
-];
-const U16_BUFFERS: [Buffer; 3] = [Buffer::H16, Buffer::Att16, Buffer::Ff16];
-const U32_BUFFERS: [Buffer; 7] = [
-    Buffer::Tokens,
-    Buffer::Pos,
-    Buffer::RowSeq,
-    Buffer::LogitRows,
-    Buffer::PtOff,
-    Buffer::Pages,
-    Buffer::Argmax,
-];
-
 /// A kernel argument resolved to its value.
 #[derive(Debug, Clone, Copy)]
 enum Value {
@@ -128,6 +110,15 @@ struct Pass {
     runs: u32,
 }
 
+/// Whether the runner captures and replays graphs (what [`GraphState`] reports, less
+/// the count it derives).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Graphs {
+    On,
+    Off,
+    Failed(String),
+}
+
 /// Whether the runner replays CUDA graphs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GraphState {
@@ -151,7 +142,7 @@ pub struct GpuRunner<'m, 'a> {
     /// Every buffer's and weight's device address (the arena's is per call).
     addresses: HashMap<Buffer, u64>,
     passes: HashMap<(PassShape, u64), Pass>,
-    graphs: GraphState,
+    graphs: Graphs,
     /// Whether [`GpuRunner::take_graph_failure`] has handed out the failure.
     failure_taken: bool,
     logits: Vec<f32>,
@@ -227,9 +218,9 @@ impl<'m, 'a> GpuRunner<'m, 'a> {
             .synchronize()
             .map_err(|e| GpuError::call("uploading the weights", e))?;
         let graphs = if std::env::var_os(GRAPHS_ENV).is_some_and(|v| v == "0") {
-            GraphState::Off
+            Graphs::Off
         } else {
-            GraphState::On { captured: 0 }
+            Graphs::On
         };
         let mut runner = GpuRunner {
             model,
@@ -278,17 +269,18 @@ impl<'m, 'a> GpuRunner<'m, 'a> {
     /// Whether passes replay as CUDA graphs.
     pub fn graphs(&self) -> GraphState {
         match &self.graphs {
-            GraphState::On { .. } => GraphState::On {
+            Graphs::On => GraphState::On {
                 captured: self.passes.values().filter(|p| p.graph.is_some()).count(),
             },
-            other => other.clone(),
+            Graphs::Off => GraphState::Off,
+            Graphs::Failed(why) => GraphState::Failed(why.clone()),
         }
     }
 
     /// Why graph capture failed, once (the first call after the failure), for a log line.
     pub fn take_graph_failure(&mut self) -> Option<String> {
         match &self.graphs {
-            GraphState::Failed(why) if !self.failure_taken => {
+            Graphs::Failed(why) if !self.failure_taken => {
                 self.failure_taken = true;
                 Some(why.clone())
             }
@@ -299,10 +291,10 @@ impl<'m, 'a> GpuRunner<'m, 'a> {
     /// Turns graph replay on or off (a failed capture stays failed).
     pub fn set_graphs(&mut self, on: bool) {
         match (&self.graphs, on) {
-            (GraphState::Failed(_), _) => {}
-            (_, true) => self.graphs = GraphState::On { captured: 0 },
+            (Graphs::Failed(_), _) => {}
+            (_, true) => self.graphs = Graphs::On,
             (_, false) => {
-                self.graphs = GraphState::Off;
+                self.graphs = Graphs::Off;
                 self.passes.values_mut().for_each(|p| p.graph = None);
             }
         }
@@ -426,14 +418,16 @@ impl<'m, 'a> GpuRunner<'m, 'a> {
             return Ok(0);
         }
         let table = BatchTable::of(rows, kv.pages())?;
-        if n > self.b.cap || table.pages.len() > self.b.u32(Buffer::Pages)?.len() {
-            // New buffers: every resolved pass and graph names the old addresses.
+        let page_room = self.b.u32(Buffer::Pages)?.len();
+        if n > self.b.cap || table.pages.len() > page_room {
+            // New buffers, never smaller: every resolved pass and graph names the old
+            // addresses.
             self.passes.clear();
             self.b = Buffers::new(
                 &self.stream,
                 self.model,
                 n.max(self.b.cap),
-                table.pages.len(),
+                table.pages.len().max(page_room),
             )?;
             self.resolve_addresses();
         }
@@ -494,7 +488,7 @@ impl<'m, 'a> GpuRunner<'m, 'a> {
                 .launch()
                 .map_err(|e| GpuError::call("replaying the pass's CUDA graph", e));
         }
-        if !matches!(self.graphs, GraphState::On { .. }) || pass.runs < 2 {
+        if self.graphs != Graphs::On || pass.runs < 2 {
             return self.execute(&pass.steps);
         }
         match self.capture(&pass.steps) {
@@ -509,7 +503,7 @@ impl<'m, 'a> GpuRunner<'m, 'a> {
             }
             Err(e) => {
                 // Launch eagerly from now on; the reason stays visible in `graphs()`.
-                self.graphs = GraphState::Failed(e.to_string());
+                self.graphs = Graphs::Failed(e.to_string());
                 let Some(pass) = self.passes.get(&key) else {
                     return Err(GpuError::Unsupported("a resolved pass went missing".into()));
                 };
@@ -543,7 +537,7 @@ impl<'m, 'a> GpuRunner<'m, 'a> {
         for step in steps {
             match step {
                 Resolved::Launch { kernel, cfg, args } => {
-                    let l = self.stream.launch_builder(self.function(*kernel));
+                    let l = self.stream.launch_builder(self.k.get(*kernel)?);
                     launch_with(l, *cfg, args, kernel.name())?;
                 }
                 Resolved::Gemm {
@@ -557,18 +551,6 @@ impl<'m, 'a> GpuRunner<'m, 'a> {
             }
         }
         Ok(())
-    }
-
-    fn function(&self, k: Kernel) -> &CudaFunction {
-        match k {
-            Kernel::Embed => &self.k.embed,
-            Kernel::RmsNormH => &self.k.rms_norm_h,
-            Kernel::QkRopeAppend => &self.k.qk_rope_append,
-            Kernel::Attention => &self.k.attention,
-            Kernel::AddNormH => &self.k.add_norm_h,
-            Kernel::Glu => &self.k.glu,
-            Kernel::Argmax => &self.k.argmax,
-        }
     }
 
     /// Every buffer's and weight's device address, after (re)allocation.
@@ -733,24 +715,19 @@ impl Buffers {
             u16s: HashMap::new(),
             u32s: HashMap::new(),
         };
-        for buf in F32_BUFFERS {
-            let len = gpu_plan::buffer_len(model, buf, cap);
-            b.f32s
-                .insert(buf, stream.alloc_zeros::<f32>(len).map_err(err)?);
-        }
-        for buf in U16_BUFFERS {
-            let len = gpu_plan::buffer_len(model, buf, cap);
-            b.u16s
-                .insert(buf, stream.alloc_zeros::<u16>(len).map_err(err)?);
-        }
-        for buf in U32_BUFFERS {
-            let len = if buf == Buffer::Pages {
-                pages.max(cap)
-            } else {
-                gpu_plan::buffer_len(model, buf, cap)
-            };
-            b.u32s
-                .insert(buf, stream.alloc_zeros::<u32>(len).map_err(err)?);
+        for (buf, elem) in gpu_plan::BUFFERS {
+            let len = gpu_plan::buffer_len(model, buf, cap, pages);
+            match elem {
+                Elem::F32 => {
+                    b.f32s.insert(buf, stream.alloc_zeros(len).map_err(err)?);
+                }
+                Elem::F16 => {
+                    b.u16s.insert(buf, stream.alloc_zeros(len).map_err(err)?);
+                }
+                Elem::U32 => {
+                    b.u32s.insert(buf, stream.alloc_zeros(len).map_err(err)?);
+                }
+            }
         }
         Ok(b)
     }

@@ -9,7 +9,7 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 
 use super::GpuError;
 use crate::arch::Model;
-use crate::gpu_plan::{HostData, Tensor, host_tensors};
+use crate::gpu_plan::{HostData, Tensor, WeightError, host_tensors};
 
 /// A tensor in device memory.
 #[derive(Debug)]
@@ -26,35 +26,27 @@ pub struct DeviceWeights {
     pub bytes: u64,
 }
 
+impl From<WeightError> for GpuError {
+    fn from(e: WeightError) -> Self {
+        GpuError::Unsupported(e.0)
+    }
+}
+
 impl DeviceWeights {
     /// Uploads `model`'s weights on `stream`, one tensor at a time.
     pub fn upload(model: &Model<'_>, stream: &Arc<CudaStream>) -> Result<DeviceWeights, GpuError> {
         let mut tensors = HashMap::new();
         let mut bytes = 0u64;
-        let mut failed: Option<GpuError> = None;
-        let prepared = host_tensors(model, |t, host| {
+        host_tensors(model, |t, host| {
             bytes += host.bytes() as u64;
-            let up = match &host.data {
+            let data = match &host.data {
                 HostData::F16(v) => stream.clone_htod(v).map(DeviceData::F16),
                 HostData::F32(v) => stream.clone_htod(v).map(DeviceData::F32),
-            };
-            match up {
-                Ok(d) => {
-                    tensors.insert(t, d);
-                    Ok(())
-                }
-                Err(e) => {
-                    let e = GpuError::call(&format!("uploading {t:?}"), e);
-                    let line = e.to_string();
-                    failed = Some(e);
-                    Err(line)
-                }
             }
-        });
-        if let Some(e) = failed {
-            return Err(e);
-        }
-        prepared.map_err(GpuError::Unsupported)?;
+            .map_err(|e| GpuError::call(&format!("uploading {t:?}"), e))?;
+            tensors.insert(t, data);
+            Ok::<(), GpuError>(())
+        })?;
         Ok(DeviceWeights { tensors, bytes })
     }
 

@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use den_model::gguf::GgufFile;
 use den_model::gpu::{
-    DeviceArena, GpuError, GpuRunner, KERNEL_NAMES, compile_ptx, libraries::CudaLibraries,
+    DeviceArena, GpuError, GpuRunner, compile_ptx, kernel_names, libraries::CudaLibraries,
     open_device, runner::GraphState,
 };
 use den_model::kv::{HostKvPages, Sequence};
@@ -40,7 +40,7 @@ fn gpu_kernels_compile_with_nvrtc_for_every_target_architecture() {
     }
     for arch in ["compute_70", "compute_80", "compute_90"] {
         let ptx = compile_ptx(arch).unwrap_or_else(|e| panic!("{arch}: {e}"));
-        for name in KERNEL_NAMES {
+        for name in kernel_names() {
             assert!(
                 ptx.contains(&format!(".entry {name}(")),
                 "{arch}: no entry {name} in the PTX"

@@ -485,29 +485,13 @@ impl<'m, 'a> EmulatedGpu<'m, 'a> {
             ids.insert(b, id);
             buffers.push((id, bytes));
         };
-        use Buffer::*;
-        for (b, size) in [
-            (X, 4),
-            (Qkv, 4),
-            (O, 4),
-            (Gu, 4),
-            (Logits, 4),
-            (H16, 2),
-            (Att16, 2),
-            (Ff16, 2),
-            (Tokens, 4),
-            (Pos, 4),
-            (RowSeq, 4),
-            (LogitRows, 4),
-            (PtOff, 4),
-            (Argmax, 4),
-        ] {
-            add(b, vec![0; gpu_plan::buffer_len(model, b, cap) * size]);
+        for (b, elem) in gpu_plan::BUFFERS {
+            let len = gpu_plan::buffer_len(model, b, cap, arena_pages as usize);
+            add(b, vec![0; len * elem.bytes()]);
         }
-        add(Pages, vec![0; (arena_pages as usize).max(cap) * 4]);
         let row_bytes = model.kv_layout().row_bytes();
         add(
-            Arena,
+            Buffer::Arena,
             vec![0; arena_pages as usize * page_size as usize * row_bytes],
         );
         gpu_plan::host_tensors(model, |t, h| {
@@ -515,8 +499,8 @@ impl<'m, 'a> EmulatedGpu<'m, 'a> {
                 HostData::F16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
                 HostData::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
             };
-            add(Weight(t), bytes);
-            Ok(())
+            add(Buffer::Weight(t), bytes);
+            Ok::<(), gpu_plan::WeightError>(())
         })
         .unwrap();
         let mut input = Input::default().u(buffers.len() as u32);
