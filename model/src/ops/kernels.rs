@@ -1133,6 +1133,29 @@ mod avx2 {
         }
     }
 
+    /// Weight block `$dw` (a `Dec` of decoder `$D`) dotted with 32 activation bytes `$xv`:
+    /// the block's integer sums as f32 lanes. Non-negative quants enter the unsigned ×
+    /// signed byte product as they are; signed ones through the sign trick. A macro, not a
+    /// function: it expands inside the `#[target_feature]` function that uses it, so its
+    /// intrinsics inline (with VNNI's `vpdpbusd` where that function has it).
+    macro_rules! block_dot {
+        ($D:ty, $vnni:expr, $dw:expr, $xv:expr) => {{
+            let dw: &Dec = $dw;
+            let xv: __m256i = $xv;
+            let (aw, sx) = if <$D>::UNSIGNED {
+                (dw.q, xv)
+            } else {
+                (_mm256_sign_epi8(dw.q, dw.q), _mm256_sign_epi8(xv, dw.q))
+            };
+            let i = if $vnni && <$D>::UNIT_SCALE {
+                _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, sx)
+            } else {
+                _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), dw.sc)
+            };
+            _mm256_cvtepi32_ps(i)
+        }};
+    }
+
     /// `NR` rows starting at `r0`: one accumulator per row, blocks in order (so a row's
     /// value is the same whatever `NR` it was computed in).
     ///
@@ -1165,24 +1188,9 @@ mod avx2 {
                 ($b:expr, $dw:expr) => {{
                     let b: usize = $b;
                     let dw: &Dec = $dw;
-                    let aw = if D::UNSIGNED {
-                        dw.q
-                    } else {
-                        _mm256_sign_epi8(dw.q, dw.q)
-                    };
                     for r in 0..NR {
                         let xv = load32(xq[r].add(b * QK).cast::<u8>());
-                        let sx = if D::UNSIGNED {
-                            xv
-                        } else {
-                            _mm256_sign_epi8(xv, dw.q)
-                        };
-                        let i = if VNNI && D::UNIT_SCALE {
-                            _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, sx)
-                        } else {
-                            _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), dw.sc)
-                        };
-                        let p = _mm256_cvtepi32_ps(i);
+                        let p = block_dot!(D, VNNI, dw, xv);
                         acc[r] = _mm256_fmadd_ps(p, _mm256_set1_ps(dw.d * *xd[r].add(b)), acc[r]);
                         if D::MIN {
                             accm[r] = dw.m.mul_add(*xs[r].add(b), accm[r]);
@@ -1247,17 +1255,7 @@ mod avx2 {
                 let (xdb, xsb) = (*xd.add(b), *xs.add(b));
                 for m in 0..MW {
                     let dw = D::one(w[m].as_ptr().add(b * D::BYTES));
-                    let (aw, sx) = if D::UNSIGNED {
-                        (dw.q, xv)
-                    } else {
-                        (_mm256_sign_epi8(dw.q, dw.q), _mm256_sign_epi8(xv, dw.q))
-                    };
-                    let i = if VNNI && D::UNIT_SCALE {
-                        _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, sx)
-                    } else {
-                        _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), dw.sc)
-                    };
-                    let p = _mm256_cvtepi32_ps(i);
+                    let p = block_dot!(D, VNNI, &dw, xv);
                     acc[m] = _mm256_fmadd_ps(p, _mm256_set1_ps(dw.d * xdb), acc[m]);
                     if D::MIN {
                         accm[m] = dw.m.mul_add(xsb, accm[m]);
@@ -1598,6 +1596,23 @@ pub(super) mod tests {
         }
     }
 
+    /// The fused kernels of this CPU, or `None` (the test says it skipped) without AVX2.
+    fn fused_kernels() -> Option<Kernels> {
+        let k = Kernels::detect();
+        if !k.is_fused() {
+            eprintln!("skipped: no AVX2 here");
+            return None;
+        }
+        Some(k)
+    }
+
+    /// `rows` rows of `n` of `x` quantized for the fused dots.
+    fn q8(k: Kernels, x: &[f32], rows: usize, n: usize) -> Q8Rows {
+        let mut q = Q8Rows::default();
+        q.quantize(k, x, rows, n);
+        q
+    }
+
     /// Every weight type the fused dots take.
     const FUSED_TYPES: [GgmlType; 6] = [
         GgmlType::Q8_0,
@@ -1612,17 +1627,14 @@ pub(super) mod tests {
     /// bits for a row whether computed alone or with 6 others.
     #[test]
     fn fused_rows_match_unpacked_and_ignore_the_batch() {
-        let k = Kernels::detect();
-        if !k.is_fused() {
-            eprintln!("skipped: no AVX2 here");
+        let Some(k) = fused_kernels() else {
             return;
-        }
+        };
         let mut rng = Rng(99);
         let n = 512;
         let rows = 7;
         let x: Vec<f32> = (0..n * rows).map(|_| rng.f()).collect();
-        let mut xq = Q8Rows::default();
-        xq.quantize(k, &x, rows, n);
+        let xq = q8(k, &x, rows, n);
         for ty in FUSED_TYPES {
             let w = random_row(ty, n, &mut rng);
             let mut all = vec![0.0; rows];
@@ -1652,20 +1664,13 @@ pub(super) mod tests {
     /// with and without VNNI.
     #[test]
     fn one_row_matrix_equals_each_weight_row_alone() {
-        let k = Kernels::detect();
-        if !k.is_fused() {
-            eprintln!("skipped: no AVX2 here");
+        let Some(k) = fused_kernels() else {
             return;
-        }
+        };
         let mut rng = Rng(7);
         let n = 256;
         let x: Vec<f32> = (0..n * 7).map(|_| rng.f()).collect();
-        let mut xq = Q8Rows::default();
-        xq.quantize(k, &x, 4, n);
-        let mut x1 = Q8Rows::default();
-        x1.quantize(k, &x[..n], 1, n);
-        let mut x7 = Q8Rows::default();
-        x7.quantize(k, &x, 7, n);
+        let (x1, xq, x7) = (q8(k, &x, 1, n), q8(k, &x, 4, n), q8(k, &x, 7, n));
         for ty in FUSED_TYPES {
             let rows: Vec<Vec<u8>> = (0..11).map(|_| random_row(ty, n, &mut rng)).collect();
             let w: Vec<u8> = rows.concat();
