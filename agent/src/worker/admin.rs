@@ -123,12 +123,20 @@ async fn drop_inbound(
     Json(serde_json::json!({ "drop_inbound": on })).into_response()
 }
 
+/// The `?ms=N` of a delay fault, or the line saying what to give.
+fn millis(q: &BTreeMap<String, String>, what: &str) -> Result<u64, String> {
+    q.get("ms")
+        .and_then(|v| v.parse::<u64>().ok())
+        .ok_or_else(|| format!("give ?ms=N (milliseconds {what})"))
+}
+
 async fn restore_delay(
     State(s): State<AdminState>,
     Query(q): Query<BTreeMap<String, String>>,
 ) -> Response {
-    let Some(ms) = q.get("ms").and_then(|v| v.parse::<u64>().ok()) else {
-        return bad("give ?ms=N (milliseconds per restored chunk)");
+    let ms = match millis(&q, "per restored chunk") {
+        Ok(ms) => ms,
+        Err(line) => return bad(&line),
     };
     s.faults.set_restore_delay_ms(ms);
     tracing::warn!(ms, "fault injection: delaying every restored chunk");
@@ -139,8 +147,9 @@ async fn fetch_delay(
     State(s): State<AdminState>,
     Query(q): Query<BTreeMap<String, String>>,
 ) -> Response {
-    let Some(ms) = q.get("ms").and_then(|v| v.parse::<u64>().ok()) else {
-        return bad("give ?ms=N (milliseconds added to every chunk fetch of a restore)");
+    let ms = match millis(&q, "added to every chunk fetch of a restore") {
+        Ok(ms) => ms,
+        Err(line) => return bad(&line),
     };
     s.faults.set_fetch_delay_ms(ms);
     tracing::warn!(

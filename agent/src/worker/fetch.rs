@@ -68,9 +68,9 @@ pub struct FetchContext {
 pub struct FetchMeter {
     in_flight: AtomicUsize,
     peak: AtomicUsize,
-    /// Bytes to fetch, by [`BACKLOG_TIERS`] index.
+    /// Bytes to fetch, by [`LINK_TIERS`] index.
     pending: [AtomicU64; 3],
-    /// What restores measured of each tier's link, by [`BACKLOG_TIERS`] index.
+    /// What restores measured of each tier's link, by [`LINK_TIERS`] index.
     fits: Mutex<[LinkFit; 3]>,
 }
 
@@ -103,7 +103,12 @@ pub fn fit_restore(arrivals: &[(f64, u64)]) -> Option<(Option<f64>, f64)> {
 }
 
 /// The tiers a restore reads from, in [`FetchMeter`]'s order.
-pub const BACKLOG_TIERS: [Tier; 3] = [Tier::Ram, Tier::Ssd, Tier::Object];
+const LINK_TIERS: [Tier; 3] = [Tier::Ram, Tier::Ssd, Tier::Object];
+
+/// `tier`'s place in [`LINK_TIERS`] (`None`: not a tier restores read from).
+fn slot(tier: Tier) -> Option<usize> {
+    LINK_TIERS.iter().position(|t| *t == tier)
+}
 
 /// A restore's bytes still to fetch, counted in its meter until fetched or given up.
 struct Booked<'a> {
@@ -130,22 +135,17 @@ impl FetchMeter {
     /// What restores measured of `tier`'s link (ram, ssd or object).
     pub fn link_fit(&self, tier: Tier) -> LinkFit {
         let fits = self.fits.lock().unwrap_or_else(|p| p.into_inner());
-        BACKLOG_TIERS
-            .iter()
-            .position(|t| *t == tier)
+        slot(tier)
             .and_then(|i| fits.get(i).copied())
             .unwrap_or_default()
     }
 
     fn learn(&self, tier: Tier, arrivals: &[(f64, u64)]) {
-        let (Some(slot), Some((rate, fixed))) = (
-            BACKLOG_TIERS.iter().position(|t| *t == tier),
-            fit_restore(arrivals),
-        ) else {
+        let (Some(i), Some((rate, fixed))) = (slot(tier), fit_restore(arrivals)) else {
             return;
         };
         let mut fits = self.fits.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(f) = fits.get_mut(slot) {
+        if let Some(f) = fits.get_mut(i) {
             if let Some(r) = rate {
                 f.bytes_per_ms.observe(r);
             }
@@ -155,15 +155,12 @@ impl FetchMeter {
 
     /// Bytes restores have yet to fetch from `tier` (ram, ssd or object).
     pub fn pending_bytes(&self, tier: Tier) -> u64 {
-        BACKLOG_TIERS
-            .iter()
-            .position(|t| *t == tier)
-            .map_or(0, |i| self.pending[i].load(Ordering::Relaxed))
+        slot(tier).map_or(0, |i| self.pending[i].load(Ordering::Relaxed))
     }
 
     /// Books `bytes` on `tier`'s link (a durable tier; anything else counts as RAM).
     fn book(&self, tier: Tier, bytes: u64) -> Booked<'_> {
-        let slot = BACKLOG_TIERS.iter().position(|t| *t == tier).unwrap_or(0);
+        let slot = slot(tier).unwrap_or(0);
         self.pending[slot].fetch_add(bytes, Ordering::Relaxed);
         Booked {
             meter: self,
