@@ -493,18 +493,24 @@ mod tests {
         assert!(object4.is_some_and(|t| close(t, 221.6)), "{object4:?}");
     }
 
+    /// A request of `tokens` tokens whose first `chunks` 2-token chunks the fixture's
+    /// worker holds on SSD, at 10 ms a fetch.
+    fn on_ssd(tokens: u32, chunks: usize) -> (GenerationRequest, Observation, ChunkCatalog) {
+        let request = GenerationRequest::new("r", MODEL, (1..=tokens).collect(), 1).unwrap();
+        let (_, mut obs, _) = fixture();
+        obs.tier_fixed_ms.insert(Tier::Ssd, 10.0);
+        let mut catalog = catalogued(&request, false);
+        ssd_replicas(&mut catalog, &request, chunks);
+        (request, obs, catalog)
+    }
+
     #[test]
     fn a_tiers_fetch_latency_overlaps_a_window_of_concurrent_fetches() {
         // 70 chunks on SSD at 10 ms a fetch + 0.2 ms of bytes each. The worker keeps 32
         // fetches in flight: boundary k loads in max(10 + 0.2 k, 10 ⌈k / 32⌉) ms — the
         // latency once while the bytes keep the link busy, once per window when they do
         // not — never 10.2 k.
-        let tokens: Vec<u32> = (1..=141).collect();
-        let request = GenerationRequest::new("r", MODEL, tokens, 1).unwrap();
-        let (_, mut obs, _) = fixture();
-        obs.tier_fixed_ms.insert(Tier::Ssd, 10.0);
-        let mut catalog = catalogued(&request, false);
-        ssd_replicas(&mut catalog, &request, 70);
+        let (request, obs, catalog) = on_ssd(141, 70);
         let all = candidates_for(&request, 2, [&obs], &catalog);
         let load = |chunks: u32| {
             all.iter()
@@ -525,12 +531,7 @@ mod tests {
         // The same 4 SSD chunks, with the worker's SSD link busy for 25 ms and its
         // host→device copies for 3 ms: the SSD walk starts 25 ms later and its upload 3
         // ms later; a GPU-resident prefix pays neither.
-        let tokens: Vec<u32> = (1..=9).collect();
-        let request = GenerationRequest::new("r", MODEL, tokens, 1).unwrap();
-        let (_, mut obs, _) = fixture();
-        obs.tier_fixed_ms.insert(Tier::Ssd, 10.0);
-        let mut catalog = catalogued(&request, false);
-        ssd_replicas(&mut catalog, &request, 4);
+        let (request, mut obs, catalog) = on_ssd(9, 4);
         let plan = plan_chunks(request.processed_tokens(), 2);
         obs.gpu_prefixes.push(GpuPrefix {
             model: MODEL.into(),
