@@ -111,8 +111,10 @@ fn worker_candidates(
     };
     let rate = obs.gpu_restore_bytes_per_ms;
     let pcie_backlog = obs.link_backlog_ms.get(&Tier::Gpu).copied().unwrap_or(0.0);
-    alternatives(base, resident, chunks_from, |bytes| {
-        pcie_backlog + bytes as f64 / rate
+    // The upload waits for the copies booked ahead of it, but those drain while its own
+    // bytes are still being fetched: only what is left of the backlog then delays it.
+    alternatives(base, resident, chunks_from, |bytes, load_ms| {
+        (pcie_backlog - load_ms).max(0.0) + bytes as f64 / rate
     })
 }
 
@@ -192,13 +194,14 @@ pub struct DurableChunk {
 /// resident head forked as it is, only the tail restored. `chunks_from(start)` gives the
 /// worker's loadable chunks from that chunk start, in order, until the first it cannot
 /// load. Bytes and load accumulate along a walk, labelled by its slowest tier, the GPU
-/// upload priced by `restore_ms(bytes)`. Every boundary is offered: the lowest predicted
-/// TTFT wins, not the longest prefix.
+/// upload priced by `restore_ms(bytes, load_ms)` (it starts once the bytes are in host
+/// RAM, `load_ms` after placement). Every boundary is offered: the lowest predicted TTFT
+/// wins, not the longest prefix.
 pub fn alternatives<T: IntoIterator<Item = DurableChunk>>(
     base: Candidate,
     resident: impl IntoIterator<Item = ResidentPrefix>,
     chunks_from: impl Fn(u32) -> T,
-    restore_ms: impl Fn(u64) -> f64,
+    restore_ms: impl Fn(u64, f64) -> f64,
 ) -> Vec<Candidate> {
     let mut out = vec![base.clone()];
     let mut head: Option<ResidentPrefix> = None;
@@ -228,7 +231,7 @@ fn walk(
     base: &Candidate,
     head: Option<ResidentPrefix>,
     chunks: impl IntoIterator<Item = DurableChunk>,
-    restore_ms: &impl Fn(u64) -> f64,
+    restore_ms: &impl Fn(u64, f64) -> f64,
 ) {
     let (resident_tokens, head_bytes, continuation) = match head {
         Some(h) => (h.end_tokens, h.bytes, h.continuation_id),
@@ -256,7 +259,7 @@ fn walk(
             cached_token_count: chunk.end_tokens,
             cached_bytes: head_bytes + bytes,
             prefix_load_ms: load_ms,
-            gpu_restore_ms: restore_ms(bytes),
+            gpu_restore_ms: restore_ms(bytes, load_ms),
             source_continuation_id: continuation.clone(),
             resident_token_count: resident_tokens,
             ..base.clone()
@@ -529,8 +532,9 @@ mod tests {
     #[test]
     fn a_load_waits_behind_what_its_tiers_link_has_booked() {
         // The same 4 SSD chunks, with the worker's SSD link busy for 25 ms and its
-        // host→device copies for 3 ms: the SSD walk starts 25 ms later and its upload 3
-        // ms later; a GPU-resident prefix pays neither.
+        // host→device copies for 3 ms: the SSD walk starts 25 ms later; the copies drain
+        // while it fetches, so its upload is not delayed; a GPU-resident prefix pays
+        // neither.
         let (request, mut obs, catalog) = on_ssd(9, 4);
         let plan = plan_chunks(request.processed_tokens(), 2);
         obs.gpu_prefixes.push(GpuPrefix {
@@ -563,9 +567,38 @@ mod tests {
             panic!("no SSD walk: {idle:?} {busy:?}");
         };
         assert!(close(busy.0, idle.0 + 25.0), "{busy:?} vs {idle:?}");
-        assert!(close(busy.1, idle.1 + 3.0), "{busy:?} vs {idle:?}");
+        assert!(close(busy.1, idle.1), "{busy:?} vs {idle:?}");
         assert_eq!(idle_gpu, busy_gpu, "a resident prefix moves no bytes");
         assert!(idle_gpu.is_some());
+    }
+
+    #[test]
+    fn an_upload_waits_only_for_the_copies_its_fetch_has_not_outlasted() {
+        // 4 chunks of 200 B on SSD at 1000 B/ms (0.8 ms streaming + 10 ms latency): the
+        // upload of 800 B at 1000 B/ms starts after the fetch or after the copies booked
+        // ahead of it, whichever ends later. A 3 ms copy backlog ends before the fetch
+        // (no delay); a 50 ms one delays the upload by what is left of it.
+        let (request, mut obs, catalog) = on_ssd(9, 4);
+        let walk = |obs: &Observation| {
+            candidates_for(&request, 2, [obs], &catalog)
+                .into_iter()
+                .find(|c| c.tier == Tier::Ssd && c.cached_token_count == 8)
+                .map(|c| (c.prefix_load_ms, c.gpu_restore_ms))
+        };
+        let Some((load, idle)) = walk(&obs) else {
+            panic!("no SSD walk");
+        };
+        assert!(load > 3.0 && load < 50.0, "{load}");
+        obs.link_backlog_ms.insert(Tier::Gpu, 3.0);
+        assert_eq!(walk(&obs), Some((load, idle)));
+        obs.link_backlog_ms.insert(Tier::Gpu, 50.0);
+        let Some((_, late)) = walk(&obs) else {
+            panic!("no SSD walk");
+        };
+        assert!(
+            close(late, idle + 50.0 - load),
+            "{late} vs {idle} + 50 − {load}"
+        );
     }
 
     #[test]

@@ -20,7 +20,9 @@
 //!   request (a catalog's answer for a request depends on that request's chunks only, so
 //!   this is the eager publication den's workers do, without the network delay);
 //! - **offer results**: a simulated worker queues whatever it is offered, so it accepts
-//!   at once; **results** when its last token is out.
+//!   at once, and runs the alternative it accepted as den's worker does ([`reuse_of`]:
+//!   a lower-tier alternative is restored from its tier, even blocks the pool holds);
+//!   **results** when its last token is out.
 //!
 //! Block `b` of the workload is a chunk of the router's chain: its tokens are a fixed
 //! function of `b` ([`block_token`]), so equal block prefixes are equal token prefixes and
@@ -39,7 +41,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::StudyDecision;
+use super::{StudyDecision, blocks_for};
 use crate::cache::Level;
 use crate::policy::{FleetView, LeastLoaded, Policy, Route, RouteRequest};
 use crate::trace::block_token;
@@ -476,20 +478,17 @@ impl Policy for NodePolicy {
         drop(effects); // acceptance: the record and the ledger only
         self.assigned.insert(request.index, offer.assignment);
         let c = &offer.candidate;
-        let blocks = blocks_for(request.blocks, fleet, c.cached_token_count);
-        // den's own worker (the synthetic and measured profiles) forks the resident head
-        // a lower-tier alternative names and restores the rest; the H100 deployment's
-        // engine reuses whatever its tiers hold, whatever the router priced.
-        let reuse = if fleet.cost.synthetic.is_some()
-            && matches!(c.tier, Tier::Ram | Tier::Ssd | Tier::Object)
-        {
-            Reuse::Restore {
-                resident: blocks_for(request.blocks, fleet, c.resident_tokens()),
-                blocks,
-            }
-        } else {
-            Reuse::Blocks(blocks)
-        };
+        let block_tokens: Vec<u32> = request
+            .blocks
+            .iter()
+            .map(|&b| fleet.block_tokens(b))
+            .collect();
+        let reuse = reuse_of(
+            c.tier,
+            c.cached_token_count,
+            c.resident_tokens(),
+            &block_tokens,
+        );
         Route {
             worker: usize::try_from(conn.0).unwrap_or(0),
             reuse,
@@ -583,17 +582,23 @@ fn tokens_of(blocks: &[u32], input_tokens: u32, fleet: &FleetView) -> Vec<Token>
 
 /// Blocks covering exactly `tokens` reused tokens (the router's boundaries are chunk
 /// ends, which are block ends).
-fn blocks_for(blocks: &[u32], fleet: &FleetView, tokens: u32) -> u32 {
-    let mut sum = 0u32;
-    let mut n = 0u32;
-    for &b in blocks {
-        if sum >= tokens {
-            break;
+/// What den's worker does with the alternative it accepted (spec §3.3), on every
+/// profile: a GPU or recompute alternative reuses its resident blocks; a lower-tier one
+/// forks the resident head it names and restores the rest from the tier it names, even
+/// blocks the pool also holds. The router prices exactly that, so an engine that took
+/// whatever its pool holds instead would run a different plan than the one priced: a
+/// request the router meant to start after a restore (and so not to join, and lengthen,
+/// the pending requests' last prefill step) would join it at once.
+fn reuse_of(tier: Tier, cached: u32, resident: u32, block_tokens: &[u32]) -> Reuse {
+    let blocks = blocks_for(block_tokens, cached);
+    if matches!(tier, Tier::Ram | Tier::Ssd | Tier::Object) {
+        Reuse::Restore {
+            resident: blocks_for(block_tokens, resident),
+            blocks,
         }
-        sum += fleet.block_tokens(b);
-        n += 1;
+    } else {
+        Reuse::Blocks(blocks)
     }
-    n
 }
 
 /// What a den worker's heartbeat says, for simulated worker `w` as `fleet` shows it.
@@ -648,4 +653,33 @@ fn observation(
     obs.pool.page_bytes = cost.kv_bytes(u64::from(cost.block_tokens));
     obs.engine = Some(load.plan);
     obs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lower_tier_alternative_restores_what_it_names_whatever_the_pool_holds() {
+        // Blocks of 512, 512 and 300 tokens. A GPU reuse of 1024 tokens takes two blocks
+        // as they are; an object-store alternative of 1024 tokens restores both, even
+        // where the pool holds them (resident 0), or forks the one-block head it names.
+        let blocks = [512, 512, 300];
+        assert_eq!(reuse_of(Tier::Gpu, 1024, 0, &blocks), Reuse::Blocks(2));
+        assert_eq!(reuse_of(Tier::None, 0, 0, &blocks), Reuse::Blocks(0));
+        assert_eq!(
+            reuse_of(Tier::Object, 1024, 0, &blocks),
+            Reuse::Restore {
+                resident: 0,
+                blocks: 2
+            }
+        );
+        assert_eq!(
+            reuse_of(Tier::Ssd, 1324, 512, &blocks),
+            Reuse::Restore {
+                resident: 1,
+                blocks: 3
+            }
+        );
+    }
 }
