@@ -11,6 +11,8 @@ mod ingress_cancel;
 mod ingress_http;
 mod ingress_openai_client;
 mod router_fallback;
+#[cfg(feature = "cuda")]
+mod serving_cuda;
 mod storage_cuda;
 mod storage_restore;
 mod storage_s3;
