@@ -68,6 +68,24 @@ pub struct CudaMemory {
     stream: Arc<CudaStream>,
     ctx: Arc<CudaContext>,
     totals: TransferTotals,
+    /// The upload [`PageMemory::start_write`] left in flight.
+    in_flight: Option<InFlight>,
+}
+
+/// An upload whose last batch is still in flight on the stream: what it moves, and the
+/// device time of the batches before it.
+struct InFlight {
+    bytes: u64,
+    copies: usize,
+    elapsed: Duration,
+    t0: Instant,
+}
+
+impl Drop for CudaMemory {
+    fn drop(&mut self) {
+        // The staging an in-flight upload reads is freed with this arena.
+        let _ = self.settle();
+    }
 }
 
 impl CudaMemory {
@@ -140,6 +158,7 @@ impl CudaMemory {
             stream,
             ctx,
             totals: TransferTotals::default(),
+            in_flight: None,
         })
     }
 
@@ -166,6 +185,87 @@ impl CudaMemory {
         // Event tracking is disabled, so the returned guard records nothing.
         let (ptr, _guard) = self.arena.device_ptr(&self.stream);
         ptr
+    }
+
+    /// Copies `src` into `runs` through the upload staging, a batch at a time. With
+    /// `leave_in_flight` the last batch's copies are issued and not waited for
+    /// ([`PageMemory::start_write`]): `None`, and [`PageMemory::settle`] finishes them.
+    fn upload(
+        &mut self,
+        runs: &[RowRun],
+        src: &[u8],
+        leave_in_flight: bool,
+    ) -> Result<Option<TransferStats>, MemoryError> {
+        let copies = plan_copies(&self.geometry, runs, src.len())?;
+        let t0 = Instant::now();
+        self.bind()?;
+        let base = self.base();
+        let mut elapsed = Duration::ZERO;
+        let mut issued = 0usize;
+        let batches = split_batches(&copies, self.upload.0.len());
+        let count = batches.len();
+        for (k, batch) in batches.into_iter().enumerate() {
+            let Self {
+                upload,
+                start,
+                end,
+                stream,
+                ..
+            } = &mut *self;
+            let staging = upload
+                .0
+                .as_mut_slice()
+                .map_err(|e| driver_error("mapping upload staging", e))?;
+            let mut at = 0usize;
+            for c in &batch {
+                let (Some(to), Some(from)) = (
+                    staging.get_mut(at..at + c.len),
+                    src.get(c.buffer_offset..c.buffer_offset + c.len),
+                ) else {
+                    return Err(staging_error(c, src.len()));
+                };
+                to.copy_from_slice(from);
+                at += c.len;
+            }
+            let staging: &[u8] = staging;
+            let mut pieces = Vec::with_capacity(batch.len());
+            let mut at = 0usize;
+            for c in &batch {
+                let Some(from) = staging.get(at..at + c.len) else {
+                    return Err(staging_error(c, src.len()));
+                };
+                pieces.push((base + c.arena_offset, from));
+                at += c.len;
+            }
+            issued += batch.len();
+            issue(start, end, stream, "host-to-device copy", |cu| {
+                for (to, from) in &pieces {
+                    // SAFETY: `from` is pinned host memory left untouched until the end
+                    // event completes (a write left in flight keeps the staging until
+                    // `settle`, which every other call runs first); `to` lies inside the
+                    // arena (plan_copies).
+                    unsafe { result::memcpy_htod_async(*to, from, cu)? };
+                }
+                Ok(())
+            })?;
+            if leave_in_flight && k + 1 == count {
+                self.in_flight = Some(InFlight {
+                    bytes: src.len() as u64,
+                    copies: issued,
+                    elapsed,
+                    t0,
+                });
+                return Ok(None);
+            }
+            elapsed += waited(start, end, "host-to-device copy")?;
+        }
+        Ok(Some(self.finish(
+            Direction::Upload,
+            src.len() as u64,
+            issued,
+            elapsed,
+            t0,
+        )))
     }
 
     fn finish(
@@ -199,59 +299,36 @@ impl PageMemory for CudaMemory {
     }
 
     fn write_runs(&mut self, runs: &[RowRun], src: &[u8]) -> Result<TransferStats, MemoryError> {
-        let copies = plan_copies(&self.geometry, runs, src.len())?;
+        self.settle()?;
         let t0 = Instant::now();
-        self.bind()?;
-        let base = self.base();
-        let mut elapsed = Duration::ZERO;
-        let mut issued = 0usize;
-        for batch in split_batches(&copies, self.upload.0.len()) {
-            let Self {
-                upload,
-                start,
-                end,
-                stream,
-                ..
-            } = &mut *self;
-            let staging = upload
-                .0
-                .as_mut_slice()
-                .map_err(|e| driver_error("mapping upload staging", e))?;
-            let mut at = 0usize;
-            for c in &batch {
-                let (Some(to), Some(from)) = (
-                    staging.get_mut(at..at + c.len),
-                    src.get(c.buffer_offset..c.buffer_offset + c.len),
-                ) else {
-                    return Err(staging_error(c, src.len()));
-                };
-                to.copy_from_slice(from);
-                at += c.len;
-            }
-            let staging: &[u8] = staging;
-            let mut pieces = Vec::with_capacity(batch.len());
-            let mut at = 0usize;
-            for c in &batch {
-                let Some(from) = staging.get(at..at + c.len) else {
-                    return Err(staging_error(c, src.len()));
-                };
-                pieces.push((base + c.arena_offset, from));
-                at += c.len;
-            }
-            elapsed += timed(start, end, stream, "host-to-device copy", |cu| {
-                for (to, from) in &pieces {
-                    // SAFETY: `from` is pinned host memory left untouched until the end
-                    // event completes; `to` lies inside the arena (plan_copies).
-                    unsafe { result::memcpy_htod_async(*to, from, cu)? };
-                }
-                Ok(())
-            })?;
-            issued += batch.len();
+        match self.upload(runs, src, false)? {
+            Some(stats) => Ok(stats),
+            None => Ok(self.finish(Direction::Upload, 0, 0, Duration::ZERO, t0)),
         }
-        Ok(self.finish(Direction::Upload, src.len() as u64, issued, elapsed, t0))
+    }
+
+    fn start_write(&mut self, runs: &[RowRun], src: &[u8]) -> Result<(), MemoryError> {
+        self.settle()?;
+        self.upload(runs, src, true).map(|_| ())
+    }
+
+    fn settle(&mut self) -> Result<Option<TransferStats>, MemoryError> {
+        let Some(w) = self.in_flight.take() else {
+            return Ok(None);
+        };
+        self.bind()?;
+        let last = waited(&self.start, &self.end, "host-to-device copy")?;
+        Ok(Some(self.finish(
+            Direction::Upload,
+            w.bytes,
+            w.copies,
+            w.elapsed + last,
+            w.t0,
+        )))
     }
 
     fn read_runs(&mut self, runs: &[RowRun], dst: &mut [u8]) -> Result<TransferStats, MemoryError> {
+        self.settle()?;
         let copies = plan_copies(&self.geometry, runs, dst.len())?;
         let t0 = Instant::now();
         self.bind()?;
@@ -310,6 +387,7 @@ impl PageMemory for CudaMemory {
     }
 
     fn copy_page(&mut self, src: PageIndex, dst: PageIndex) -> Result<TransferStats, MemoryError> {
+        self.settle()?;
         for page in [src, dst] {
             if page >= self.geometry.page_count {
                 return Err(MemoryError::PageOutOfRange {
@@ -384,12 +462,29 @@ fn timed(
     end: &CudaEvent,
     stream: &CudaStream,
     op: &'static str,
-    issue: impl FnOnce(sys::CUstream) -> Result<(), DriverError>,
+    run: impl FnOnce(sys::CUstream) -> Result<(), DriverError>,
 ) -> Result<Duration, MemoryError> {
+    issue(start, end, stream, op, run)?;
+    waited(start, end, op)
+}
+
+/// Records `start`, runs `run` on the stream and records `end`, without waiting.
+fn issue(
+    start: &CudaEvent,
+    end: &CudaEvent,
+    stream: &CudaStream,
+    op: &'static str,
+    run: impl FnOnce(sys::CUstream) -> Result<(), DriverError>,
+) -> Result<(), MemoryError> {
     let err = |e| driver_error(op, e);
     start.record(stream).map_err(err)?;
-    issue(stream.cu_stream()).map_err(err)?;
-    end.record(stream).map_err(err)?;
+    run(stream.cu_stream()).map_err(err)?;
+    end.record(stream).map_err(err)
+}
+
+/// Waits for `end` and returns the device time since `start`.
+fn waited(start: &CudaEvent, end: &CudaEvent, op: &'static str) -> Result<Duration, MemoryError> {
+    let err = |e| driver_error(op, e);
     end.synchronize().map_err(err)?;
     let ms = start.elapsed_ms(end).map_err(err)?;
     Ok(Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3))

@@ -302,7 +302,9 @@ impl BackendKind {
 /// Buffers are token-major: for `write_runs`/`read_runs` the host buffer holds the rows of
 /// `runs[0]`, then of `runs[1]`, … back to back, and must be exactly
 /// `Σ len × row_bytes` bytes long. Runs may be given in any page order; runs with zero
-/// rows are ignored. Calls are synchronous: when they return, the bytes are in place.
+/// rows are ignored. Calls are synchronous — when they return, the bytes are in place —
+/// except [`PageMemory::start_write`], which [`PageMemory::settle`] (or any other call)
+/// completes.
 pub trait PageMemory: Send {
     fn kind(&self) -> BackendKind;
 
@@ -310,6 +312,22 @@ pub trait PageMemory: Send {
 
     /// Copies rows from `src` into the arena.
     fn write_runs(&mut self, runs: &[RowRun], src: &[u8]) -> Result<TransferStats, MemoryError>;
+
+    /// [`PageMemory::write_runs`] that may return before the rows have landed: GPU memory
+    /// leaves the copies in flight on its own stream, which the model's stream does not
+    /// wait for, so a step computes while a restore uploads. The rows must not be read
+    /// (or their append committed) before [`PageMemory::settle`] returns; every other call
+    /// settles first. One write is in flight at a time: a second one settles the first.
+    /// Host memory writes at once.
+    fn start_write(&mut self, runs: &[RowRun], src: &[u8]) -> Result<(), MemoryError> {
+        self.write_runs(runs, src).map(|_| ())
+    }
+
+    /// Waits for the write [`PageMemory::start_write`] left in flight, if any, and
+    /// returns what it moved (counted in [`PageMemory::totals`] from then on).
+    fn settle(&mut self) -> Result<Option<TransferStats>, MemoryError> {
+        Ok(None)
+    }
 
     /// Copies rows from the arena into `dst`.
     fn read_runs(&mut self, runs: &[RowRun], dst: &mut [u8]) -> Result<TransferStats, MemoryError>;

@@ -122,6 +122,43 @@ fn cuda_round_trip_across_non_contiguous_pages() {
 
 #[test]
 #[ignore = "needs a CUDA GPU: agent/gpu-check runs it"]
+fn cuda_a_write_left_in_flight_lands_before_anything_reads_it() {
+    // A small staging buffer (4 rows), so a 40-row write runs as several batches and only
+    // the last is left in flight. `settle` reports the whole write once; a read issued
+    // without settling sees the rows too (it settles first), as does a second started
+    // write, which settles the first before reusing the staging.
+    let mut m = open_gpu(CudaOptions {
+        staging_bytes: 4 * 4096,
+    });
+    let g = m.geometry();
+    let kv = SyntheticKv::new(&ModelFingerprint::from("gpu-check"));
+    let route = [9, 200, 3];
+    let runs = g.runs_for(&route, 5, 40).unwrap();
+    let tokens: Vec<u32> = (0..40).map(|i| 900 + i).collect();
+    let rows = kv.rows(5, &tokens, g.row_bytes as usize);
+    m.start_write(&runs, &rows).unwrap();
+    let settled = m.settle().unwrap().expect("the write was in flight");
+    assert_eq!(
+        (settled.bytes, settled.direction),
+        (rows.len() as u64, Direction::Upload)
+    );
+    assert!(m.settle().unwrap().is_none(), "nothing is left in flight");
+    let mut back = vec![0u8; rows.len()];
+    m.read_runs(&runs, &mut back).unwrap();
+    kv.verify_rows(5, &tokens, &back).unwrap();
+
+    let other: Vec<u32> = (0..40).map(|i| 3000 + i).collect();
+    let rows2 = kv.rows(5, &other, g.row_bytes as usize);
+    m.start_write(&runs, &rows).unwrap();
+    m.start_write(&runs, &rows2).unwrap();
+    let mut back = vec![0u8; rows2.len()];
+    m.read_runs(&runs, &mut back).unwrap();
+    kv.verify_rows(5, &other, &back).unwrap();
+    assert_eq!(m.totals().upload.count, 3, "every write counted once");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: agent/gpu-check runs it"]
 fn cuda_small_staging_splits_batches_and_matches_host_backend() {
     let mut gpu = open_gpu(CudaOptions {
         staging_bytes: 100_000,

@@ -36,7 +36,7 @@ use den_protocol::chunk::ChunkDescriptor;
 use den_protocol::ids::{AssignmentId, ModelFingerprint, RouteId};
 use den_protocol::pool::{Page, PoolError, TokenSlot, TransferTicket};
 use den_protocol::request::Token;
-use den_protocol::worker::{Operation, OperationKind, OperationOutcome, Work};
+use den_protocol::worker::{Operation, OperationKind, OperationOutcome};
 
 use den_model::{Model, Runner};
 use den_protocol::engine_plan::EnginePlan;
@@ -53,8 +53,10 @@ use crate::worker::meters::{Calibration, QueueMeter};
 use crate::worker::pool::SharedPool;
 use crate::worker::store::{BadReplica, Tiers};
 
+mod restore;
 mod scheduler;
 
+use restore::Restoring;
 use scheduler::ModelEngine;
 
 /// What the device thread does with the work it is given.
@@ -283,15 +285,6 @@ struct Device<'m, 'a> {
     restoring: BTreeMap<u64, Restoring>,
 }
 
-/// A restore between its start and its last chunk.
-struct Restoring {
-    op: Operation,
-    cancel: Arc<AtomicBool>,
-    stop: Arc<AtomicBool>,
-    /// Tokens the route holds so far.
-    restored: u32,
-}
-
 /// Why an operation stopped early.
 #[derive(Debug, Clone)]
 enum Stop {
@@ -353,108 +346,6 @@ impl Device<'_, '_> {
     // ---------------------------------------------------------------------------------
     // Operations
     // ---------------------------------------------------------------------------------
-
-    /// A restore of the candidate's exact chunk chain begins (spec §3.9, §4.7): its route
-    /// is made ready and its chunks are scattered as their fetches deliver them
-    /// ([`Job::Fetched`]), between steps.
-    fn begin_restore(
-        &mut self,
-        job: u64,
-        op: Operation,
-        cancel: Arc<AtomicBool>,
-        stop: Arc<AtomicBool>,
-    ) {
-        self.ctx.queue.start(job);
-        if cancel.load(Ordering::Relaxed) {
-            stop.store(true, Ordering::Relaxed);
-            return self.finish(job, &op, failed(op.kind, "cancelled before it started"));
-        }
-        if let Err(e) = self.ensure_route(&op.work.route) {
-            stop.store(true, Ordering::Relaxed);
-            return self.finish(job, &op, stopped(op.kind, e));
-        }
-        let restored = self.route_len(&op.work.route);
-        self.restoring.insert(
-            job,
-            Restoring {
-                op,
-                cancel,
-                stop,
-                restored,
-            },
-        );
-    }
-
-    /// The next chunk of restore `job` arrived (`None`: its fetch ended).
-    fn on_fetched(&mut self, job: u64, fetched: Option<Fetched>) {
-        let Some(mut r) = self.restoring.remove(&job) else {
-            return; // a restore that already ended
-        };
-        let restored = |tokens| OperationOutcome::Restored {
-            cached_token_count: Some(tokens),
-        };
-        let outcome = match fetched {
-            _ if r.cancel.load(Ordering::Relaxed) => failed(OperationKind::Restore, "cancelled"),
-            None => restored(r.restored),
-            Some(f) => match self.place(&r.op.work, &f, r.restored, &r.cancel) {
-                Ok(true) => {
-                    r.restored = f.descriptor.end();
-                    self.restoring.insert(job, r);
-                    return;
-                }
-                // The chain broke here: what is restored stands, the rest is recomputed.
-                Ok(false) => restored(r.restored),
-                Err(stop) => stopped(OperationKind::Restore, stop),
-            },
-        };
-        r.stop.store(true, Ordering::Relaxed);
-        self.finish(job, &r.op, outcome);
-    }
-
-    /// Scatters one fetched chunk after the `restored` tokens of the route; false when it
-    /// does not continue the chain there or its rows mismatch (then reported).
-    fn place(
-        &mut self,
-        work: &Work,
-        f: &Fetched,
-        restored: u32,
-        cancel: &AtomicBool,
-    ) -> Result<bool, Stop> {
-        let request = &work.request;
-        let d = &f.descriptor;
-        if d.start != restored {
-            return Ok(false);
-        }
-        let delay = self.ctx.faults.restore_delay_ms();
-        if delay > 0 && !spend(Duration::from_millis(delay), cancel) {
-            return Err(Stop::Cancelled);
-        }
-        let tokens = token_range(&request.tokens, d.start, d.end())?;
-        match self.scatter(&work.route, &request.model, d, tokens, &f.chunk.payload)? {
-            Ok(()) => {
-                let t = f.tier.as_str();
-                self.ctx.metrics.counter_add(
-                    "den_restored_tokens_total",
-                    "Prefix tokens restored from a storage tier into pages.",
-                    &[("tier", t)],
-                    d.token_count as f64,
-                );
-                self.ctx.metrics.counter_add(
-                    "den_restored_chunks_total",
-                    "Chunks restored from a storage tier into pages.",
-                    &[("tier", t)],
-                    1.0,
-                );
-                Ok(true)
-            }
-            Err(Mismatch(detail)) => {
-                tracing::error!(chunk = %d.hash, tier = f.tier.as_str(), "{detail}");
-                let bad = BadReplica::corrupt(&request.model, d.hash, f.tier);
-                let _ = self.ctx.events.send(DeviceEvent::BadReplica(bad));
-                Ok(false)
-            }
-        }
-    }
 
     /// Copy the rows of `chunks` out of `pages` (a leased route snapshot).
     fn capture(

@@ -146,9 +146,13 @@ impl Device<'_, '_> {
                     Err(TryRecvError::Disconnected) => open = false,
                 }
             }
+            // A real model's restores write what they gathered before the step and
+            // commit it after, so their copies overlap the step's compute.
+            self.start_restores();
             if !active.is_empty() {
                 self.step(&mut active);
             }
+            self.settle_restores();
         }
     }
 
