@@ -285,10 +285,17 @@ pub struct Scored {
 }
 
 impl Scored {
-    /// What ranking minimises: own predicted TTFT plus the imposed delay.
+    /// What ranking minimises ([`fleet_cost_ms`]).
     pub fn cost_ms(&self) -> f64 {
-        self.estimate.ttft_ms + self.candidate.imposed_ms
+        fleet_cost_ms(&self.candidate, &self.estimate)
     }
+}
+
+/// What ranking minimises: a candidate's own predicted TTFT plus the delay it imposes on
+/// the worker's pending requests (mean TTFT is their sum).
+#[inline]
+pub fn fleet_cost_ms(c: &Candidate, e: &Estimate) -> f64 {
+    e.ttft_ms + c.imposed_ms
 }
 
 /// The outcome of ranking: feasible candidates in offer order, and the infeasible ones

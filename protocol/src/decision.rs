@@ -13,7 +13,7 @@ use std::fmt;
 use serde::ser::SerializeSeq;
 use serde::{Deserialize, Serialize, Serializer};
 
-use crate::candidate::{Candidate, Estimate, Ranking, Scored, Tier, estimate_shape};
+use crate::candidate::{Candidate, Estimate, Ranking, Scored, Tier, estimate_shape, fleet_cost_ms};
 use crate::capacity::DeclineReason;
 use crate::ids::{Epoch, ModelFingerprint, RequestId, WorkerId};
 use crate::request::GenerationRequest;
@@ -244,10 +244,6 @@ fn order(ca: &Candidate, cost_a: f64, cb: &Candidate, cost_b: f64) -> Ordering {
         .then_with(|| ca.tier.cmp(&cb.tier))
 }
 
-fn cost(c: &Candidate, e: &Estimate) -> f64 {
-    e.ttft_ms + c.imposed_ms
-}
-
 /// The index of the first feasible candidate in offer order, fed one candidate at a
 /// time (an earlier index wins an exact tie).
 #[derive(Default)]
@@ -259,7 +255,7 @@ impl BestSoFar {
         if !e.feasible() {
             return;
         }
-        let cost = cost(c, e);
+        let cost = fleet_cost_ms(c, e);
         let better = match self.0 {
             None => true,
             Some((b, best_cost)) => match cost.total_cmp(&best_cost) {
@@ -420,7 +416,9 @@ impl CandidateSnapshot {
     /// [`crate::candidate::offer_order`] on two indices.
     fn compare(&self, a: usize, b: usize) -> Ordering {
         match (self.get(a), self.get(b)) {
-            (Some((ca, ea)), Some((cb, eb))) => order(ca, cost(ca, ea), cb, cost(cb, eb)),
+            (Some((ca, ea)), Some((cb, eb))) => {
+                order(ca, fleet_cost_ms(ca, ea), cb, fleet_cost_ms(cb, eb))
+            }
             // Indices come from this snapshot; keep the order total anyway.
             _ => a.cmp(&b),
         }
