@@ -9,8 +9,8 @@
 //!   in this process on its own pages, run in the worker's shapes (the prompt but its last
 //!   token in `BATCH`-row steps, then one row a step): the worker's pages, its scheduler
 //!   and the device choosing the greedy token (only ids come back) change nothing. How
-//!   many also equal den's CPU path is printed; that parity is `gpu.rs`'s to assert (a cut
-//!   model has near ties that another rounding may flip).
+//!   many also equal den's f32 CPU path is printed; parity with the CPU is `gpu.rs`'s to
+//!   check (a cut model has near ties that another rounding may flip).
 //! - Eight at once: every request completes with its 32 tokens, in steps that batch their
 //!   decodes (other shapes than alone, so only completion is asserted; how many equal
 //!   their tokens alone is printed).
@@ -23,6 +23,7 @@ use den_agent::router::{RouterOptions, RouterServer};
 use den_agent::serving::Submitter;
 use den_agent::worker::{self, Backend, WorkerOptions};
 use den_model::gpu::{DeviceArena, GpuRunner, open_device};
+use den_model::ops::matmul::MatmulMode;
 use den_model::{HostKvPages, Model, Runner, RunnerOptions, Sequence};
 use den_protocol::request::{GenerationRequest, Sampling};
 use den_protocol::router::DeliveryKind;
@@ -67,9 +68,14 @@ fn in_worker_shapes(prompt: &[u32], mut rows: impl FnMut(&[u32]) -> Vec<f32>) ->
     out
 }
 
-/// den-model's CPU path on `prompt`, in the worker's shapes.
+/// den-model's f32 CPU path (`MatmulMode::Exact`, the reference the GPU's f16 products
+/// approximate) on `prompt`, in the worker's shapes.
 fn cpu_greedy(model: &Model<'_>, prompt: &[u32]) -> Vec<u32> {
-    let mut runner = Runner::new(model, RunnerOptions::default()).unwrap();
+    let options = RunnerOptions {
+        mode: MatmulMode::Exact,
+        ..RunnerOptions::default()
+    };
+    let mut runner = Runner::new(model, options).unwrap();
     let total = (prompt.len() + TOKENS) as u32;
     let mut kv = HostKvPages::new(model.kv_layout(), 16, total.div_ceil(16)).unwrap();
     let mut seq = Sequence::new();
