@@ -78,33 +78,51 @@ pub fn attention<'s, K: KvPages + Sync>(
     out: &mut [f32],
 ) -> Result<(), AttnError> {
     let hd = shape.head_dim;
-    let group = shape.n_head / shape.n_kv.max(1);
+    let n_kv = shape.n_kv.max(1);
+    let group = shape.n_head / n_kv;
     let qdim = shape.n_head * hd;
-    let tasks = Mutex::new(out[..rows * qdim].chunks_mut(group * hd).enumerate());
+    // A task is one query row's heads of a run of KV heads. The f16 path walks a run's
+    // heads together, key by key, so each key's row is visited once per run rather than
+    // once per head (the row layout puts a key's heads side by side and its next key 23
+    // KB further on for SmolLM2); runs are as long as the threads allow. The tiled path
+    // keeps one KV head a task.
+    let per_task = if shape.f16_accum {
+        let runs = pool.threads().div_ceil(rows.max(1)).clamp(1, n_kv);
+        n_kv.div_ceil(runs)
+    } else {
+        1
+    };
+    let mut work: Vec<(usize, usize, usize, &mut [f32])> = Vec::new();
+    for (i, row_out) in out[..rows * qdim].chunks_mut(qdim).enumerate() {
+        let mut g0 = 0;
+        for part in row_out.chunks_mut(per_task * group * hd) {
+            let g1 = g0 + part.len() / (group * hd).max(1);
+            work.push((i, g0, g1, part));
+            g0 = g1;
+        }
+    }
+    let tasks = Mutex::new(work.into_iter());
     let failed: Mutex<Option<KvError>> = Mutex::new(None);
     pool.run(&|thread| {
         let Some(ts) = tls.get(thread) else { return };
         let Ok(mut ts) = ts.lock() else { return };
         let ts = &mut *ts;
-        ts.head.resize(hd, 0.0);
+        let heads = per_task * group;
+        ts.head.resize(2 * per_task * hd, 0.0);
         ts.scores.resize(group * STEP, 0.0);
-        ts.max.resize(group, 0.0);
-        ts.sum.resize(group, 0.0);
-        ts.acc.resize(group * hd, 0.0);
-        ts.qh.resize(group * hd, 0.0);
+        ts.max.resize(heads, 0.0);
+        ts.sum.resize(heads, 0.0);
+        ts.acc.resize(heads * hd, 0.0);
+        ts.qh.resize(heads * hd, 0.0);
         loop {
             let next = tasks.lock().ok().and_then(|mut t| t.next());
-            let Some((task, out)) = next else { break };
-            let (i, g) = (task / shape.n_kv, task % shape.n_kv);
-            if i >= rows {
-                break;
-            }
+            let Some((i, g0, g1, out)) = next else { break };
             let query = queries(i);
-            let qs = &q[i * qdim + g * group * hd..i * qdim + (g + 1) * group * hd];
+            let qs = &q[i * qdim + g0 * group * hd..i * qdim + g1 * group * hd];
             let done = if shape.f16_accum {
-                head_group_f16(k, kv, &query, shape, g, group, qs, ts, out)
+                heads_f16(k, kv, &query, shape, g0..g1, group, qs, ts, out)
             } else {
-                head_group(k, kv, &query, shape, g, group, qs, ts, out)
+                head_group(k, kv, &query, shape, g0, group, qs, ts, out)
             };
             if let Err(e) = done
                 && let Ok(mut f) = failed.lock()
@@ -119,17 +137,20 @@ pub fn attention<'s, K: KvPages + Sync>(
     Ok(())
 }
 
-/// [`head_group`] as `ggml_compute_forward_flash_attn_ext_f16_one_chunk` computes it: each
-/// query head rounded to f16; per key in position order the score (ggml's f16 dot order),
-/// a new maximum rescales the f16 accumulator, `V × e^(s - max)` is added with one rounding
-/// to f16, and the sum is updated by one FMA. Bit for bit llama.cpp's on an AVX-512 build.
+/// [`head_group`] as `ggml_compute_forward_flash_attn_ext_f16_one_chunk` computes it, for
+/// the query heads of KV heads `kv_heads` together: each query head rounded to f16; per
+/// key in position order (the run's K and V heads converted from one read of the row)
+/// the score (ggml's f16 dot order), a new maximum rescales that head's f16 accumulator,
+/// `V × e^(s - max)` is added with one rounding to f16, and the sum is updated by one
+/// FMA. Each head's arithmetic is its own, so walking several at once changes no bit:
+/// llama.cpp's on an AVX-512 build.
 #[allow(clippy::too_many_arguments)]
-fn head_group_f16<K: KvPages>(
+fn heads_f16<K: KvPages>(
     k: Kernels,
     kv: &K,
     query: &Query<'_>,
     shape: AttnShape,
-    g: usize,
+    kv_heads: std::ops::Range<usize>,
     group: usize,
     qs: &[f32],
     ts: &mut ThreadScratch,
@@ -137,28 +158,35 @@ fn head_group_f16<K: KvPages>(
 ) -> Result<(), KvError> {
     let hd = shape.head_dim;
     let ps = kv.page_size();
+    let n = kv_heads.len();
+    let heads = n * group;
+    let run_bytes = n * hd * KV_ELEM_BYTES;
     let head_bytes = hd * KV_ELEM_BYTES;
-    let (k_at, v_at) = (shape.k_off + g * head_bytes, shape.v_off + g * head_bytes);
-    ts.qh[..group * hd].copy_from_slice(&qs[..group * hd]);
-    ggml_round::round_f16(k, &mut ts.qh[..group * hd]);
-    ts.max[..group].fill(f32::NEG_INFINITY);
-    ts.sum[..group].fill(0.0);
-    ts.acc[..group * hd].fill(0.0);
-    ts.head.resize(2 * hd, 0.0);
+    let k_at = shape.k_off + kv_heads.start * head_bytes;
+    let v_at = shape.v_off + kv_heads.start * head_bytes;
+    ts.qh[..heads * hd].copy_from_slice(&qs[..heads * hd]);
+    ggml_round::round_f16(k, &mut ts.qh[..heads * hd]);
+    ts.max[..heads].fill(f32::NEG_INFINITY);
+    ts.sum[..heads].fill(0.0);
+    ts.acc[..heads * hd].fill(0.0);
+    ts.head.resize(2 * n * hd, 0.0);
     for t in first_visible(query.pos, shape.window)..=query.pos {
         let (page, slot) = query.seq.locate_or_err(t, ps)?;
         let r = kv.row(page, slot).ok_or(KvError::NoRow { page, slot })?;
         let size = || KvError::RowSize {
             got: r.len(),
-            expected: k_at.max(v_at) + head_bytes,
+            expected: k_at.max(v_at) + run_bytes,
         };
-        let kb = r.get(k_at..k_at + head_bytes).ok_or_else(size)?;
-        let vb = r.get(v_at..v_at + head_bytes).ok_or_else(size)?;
-        let (kf, vf) = ts.head.split_at_mut(hd);
+        let kb = r.get(k_at..k_at + run_bytes).ok_or_else(size)?;
+        let vb = r.get(v_at..v_at + run_bytes).ok_or_else(size)?;
+        let (kf, vf) = ts.head.split_at_mut(n * hd);
         k.f16_to_f32(kb, kf);
-        k.f16_to_f32(vb, &mut vf[..hd]);
-        for h in 0..group {
-            let s = ggml_round::dot_f16(k, &ts.qh[h * hd..(h + 1) * hd], kf);
+        k.f16_to_f32(vb, &mut vf[..n * hd]);
+        for h in 0..heads {
+            let g = h / group;
+            let kg = &kf[g * hd..(g + 1) * hd];
+            let vg = &vf[g * hd..(g + 1) * hd];
+            let s = ggml_round::dot_f16(k, &ts.qh[h * hd..(h + 1) * hd], kg);
             let acc = &mut ts.acc[h * hd..(h + 1) * hd];
             let (ms, vs) = if s > ts.max[h] {
                 let ms = (ts.max[h] - s).exp();
@@ -168,11 +196,11 @@ fn head_group_f16<K: KvPages>(
             } else {
                 (1.0, (s - ts.max[h]).exp())
             };
-            ggml_round::axpy_f16(k, vs, &vf[..hd], acc);
+            ggml_round::axpy_f16(k, vs, vg, acc);
             ts.sum[h] = ts.sum[h].mul_add(ms, vs);
         }
     }
-    normalise(ts, group, hd, out);
+    normalise(ts, heads, hd, out);
     Ok(())
 }
 
