@@ -446,3 +446,48 @@ fn bench_forward() {
         );
     }
 }
+
+/// Decode at long context: prefill a prompt of 512, then 2,048 tokens, and decode 64 after
+/// each. `cargo test --release -p den-model --test it -- --ignored --nocapture
+/// bench_forward_long_context` (`DEN_BENCH_THREADS`, default 1); beside llama.cpp's
+/// `llama-bench -m FILE -t 1 -fa 1 -p 0 -n 16 -d 512,2048` (see BENCHMARKS.md).
+#[test]
+#[ignore = "a measurement, not a check; run with --release"]
+fn bench_forward_long_context() {
+    let Some(dir) = models_dir("bench_forward_long_context") else {
+        return;
+    };
+    let threads: usize = std::env::var("DEN_BENCH_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    let f = open(&dir, SMOL);
+    let m = Model::load(&f).unwrap();
+    let opts = RunnerOptions {
+        threads,
+        ..RunnerOptions::default()
+    };
+    let mut r = Runner::new(&m, opts).unwrap();
+    let vocab = m.vocab() as u32;
+    for context in [512usize, 2048] {
+        let mut kv =
+            HostKvPages::new(m.kv_layout(), 16, (context as u32 + 80).div_ceil(16)).unwrap();
+        let mut seq = Sequence::new();
+        kv.reserve(&mut seq, context as u32 + 80).unwrap();
+        let prompt: Vec<u32> = (0..context as u32).map(|i| (i * 37 + 1) % vocab).collect();
+        let t = Instant::now();
+        let mut tok = argmax(r.prefill(&prompt, &mut kv, &mut seq).unwrap());
+        let prefill = t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        for _ in 0..64 {
+            tok = argmax(r.decode(tok, &mut kv, &mut seq).unwrap());
+        }
+        let decode = t.elapsed().as_secs_f64() / 64.0;
+        eprintln!(
+            "{SMOL} ({threads} threads) at {context} tokens of context: prefill {:.1} tok/s, decode {:.2} ms/token ({:.1} tok/s)",
+            context as f64 / prefill,
+            decode * 1e3,
+            1.0 / decode
+        );
+    }
+}
