@@ -329,5 +329,6 @@ extern "C" __global__ void den_argmax(const float* logits, u32* out, int vocab) 
         }
         __syncthreads();
     }
-    if (threadIdx.x == 0) out[blockIdx.x] = bi[0] == 0xffffffffu ? 0u : bi[0];
+    // 0xffffffff: every logit NaN, nothing to choose (the host says so).
+    if (threadIdx.x == 0) out[blockIdx.x] = bi[0];
 }

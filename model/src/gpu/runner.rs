@@ -349,12 +349,13 @@ impl<'m, 'a> GpuRunner<'m, 'a> {
     }
 
     /// Runs `rows` and returns the greedy token of each row with `logits` set, chosen on
-    /// the device (only the token ids are copied back).
+    /// the device (only the token ids are copied back): the most likely, the lowest id on
+    /// a tie, as [`crate::sample::argmax`]; `None` where every logit is NaN.
     pub fn forward_greedy(
         &mut self,
         rows: &[BatchRow<'_>],
         kv: &DeviceKv,
-    ) -> Result<Vec<u32>, ModelError> {
+    ) -> Result<Vec<Option<u32>>, ModelError> {
         let wanted = self.run(rows, kv, true)?;
         let mut out = vec![0u32; wanted];
         if wanted > 0 {
@@ -366,7 +367,10 @@ impl<'m, 'a> GpuRunner<'m, 'a> {
         self.stream
             .synchronize()
             .map_err(|e| GpuError::call("finishing the pass", e))?;
-        Ok(out)
+        Ok(out
+            .into_iter()
+            .map(|t| (t != u32::MAX).then_some(t))
+            .collect())
     }
 
     /// Launches an empty kernel `n` times and waits: launch overhead, for `gpu-check`.

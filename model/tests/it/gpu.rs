@@ -428,7 +428,12 @@ fn bench_gpu_forward() {
                         logits: true,
                     })
                     .collect();
-                next = gpu.forward_greedy(&rows, &kv).unwrap();
+                next = gpu
+                    .forward_greedy(&rows, &kv)
+                    .unwrap()
+                    .into_iter()
+                    .map(|t| t.expect("a token for every row"))
+                    .collect();
                 for s in seqs.iter_mut() {
                     s.set_len(s.len() + 1);
                 }

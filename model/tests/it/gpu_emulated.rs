@@ -440,15 +440,18 @@ fn emulated_paged_attention_writes_the_cpu_row_layout_and_attends_as_the_cpu_doe
 
 #[test]
 fn emulated_argmax_takes_the_first_of_equal_maxima() {
+    // A third row of NaN has nothing to choose: u32::MAX, which the runner turns into
+    // `None` (the host path's "no token can be sampled"), never a token.
     let vocab = 1000usize;
-    let mut logits = vec![0f32; 2 * vocab];
+    let mut logits = vec![0f32; 3 * vocab];
     logits[17] = 3.0;
     logits[900] = 3.0;
     logits[vocab + 999] = -0.5;
     logits[vocab..vocab + 999]
         .iter_mut()
         .for_each(|v| *v = -1.0);
-    let input = Input::default().i(2).i(vocab as i32).fs(&logits);
+    logits[2 * vocab..].iter_mut().for_each(|v| *v = f32::NAN);
+    let input = Input::default().i(3).i(vocab as i32).fs(&logits);
     let Some(out) = run("argmax", &input.0) else {
         return;
     };
@@ -456,7 +459,7 @@ fn emulated_argmax_takes_the_first_of_equal_maxima() {
         .chunks_exact(4)
         .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect();
-    assert_eq!(got, [17, 999]);
+    assert_eq!(got, [17, 999, u32::MAX]);
 }
 
 // --- the whole pass -----------------------------------------------------------------

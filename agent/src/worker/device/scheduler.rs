@@ -30,7 +30,7 @@ use std::time::Instant;
 use den_model::BatchRow;
 use den_model::Runner;
 use den_model::kv::{ArenaRows, Sequence};
-use den_model::sample::{FinishReason, Generation, Step};
+use den_model::sample::{FinishReason, Generation, GenerationError, Step};
 use den_protocol::chunk::PrefixHash;
 use den_protocol::engine_plan::{EnginePlan, PendingPrefill, StepCosts};
 use den_protocol::observation::MAX_PLAN_PENDING;
@@ -600,7 +600,9 @@ impl Device<'_, '_> {
                     generation.step(&text.tokenizer, row)
                 }
                 Picked::Tokens(ids) => match ids.get(k) {
-                    Some(&id) => generation.accept(&text.tokenizer, id),
+                    Some(Some(id)) => generation.accept(&text.tokenizer, *id),
+                    // Every logit NaN: the host path's error, not a token.
+                    Some(None) => Err(GenerationError::NoCandidates),
                     None => {
                         return Err(Stop::Failed(
                             "the pass chose fewer tokens than it had decodes".into(),
@@ -624,7 +626,7 @@ impl Device<'_, '_> {
 enum Picked<'l> {
     Logits(&'l [f32]),
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    Tokens(Vec<u32>),
+    Tokens(Vec<Option<u32>>),
 }
 
 /// Whether every decode row of the step samples greedily (the device can choose them all).
