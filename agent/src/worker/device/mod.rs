@@ -399,9 +399,7 @@ impl Device<'_, '_> {
         tokens: &[Token],
         payload: &[u8],
     ) -> Result<Result<(), Mismatch>, Stop> {
-        // Real KV is checked by the hash its tier stored (the fetch did): recomputation
-        // would not reproduce it bit for bit.
-        let verify = self.ctx.config.verify_restores && self.model.is_none();
+        let verify = self.verifies_restores();
         let kv = self.kv(model);
         let metrics = Arc::clone(&self.ctx.metrics);
         self.write_append(route, d.start, d.token_count, payload, |memory, runs| {

@@ -1,9 +1,10 @@
 //! Restores on the device thread: a route's exact chunk chain, fetched off this thread
 //! (`worker::fetch`), written into the route's pages between steps.
 //!
-//! The synthetic engine's chunks are written one at a time as they arrive, each read back
-//! and compared with recomputation when `verify_restores` asks for it. A real model's
-//! chunks (checked by the hash their tier stored, during the fetch) are gathered instead:
+//! The synthetic engine's chunks, when `verify_restores` asks for it, are written one at
+//! a time as they arrive, each read back and compared with recomputation. Every other
+//! restore's chunks (a real model's are checked by the hash their tier stored, during the
+//! fetch) are gathered instead:
 //! before each step every chunk that arrived since the last write goes into the pages as
 //! one append ([`PageMemory::start_write`]: on a GPU the copies stay in flight on the
 //! memory's stream while the step computes on the model's), and after the step the write
@@ -62,10 +63,11 @@ impl Restoring {
 }
 
 impl Device<'_, '_> {
-    /// A real model's chunks are gathered and written in batches; the synthetic engine's
-    /// one by one, verified.
-    fn gathers(&self) -> bool {
-        self.model.is_some()
+    /// Whether each restored chunk is read back and compared with recomputation: the
+    /// synthetic engine's with `verify_restores`. Real KV is checked by the hash its tier
+    /// stored (the fetch did): recomputation would not reproduce it bit for bit.
+    pub(super) fn verifies_restores(&self) -> bool {
+        self.ctx.config.verify_restores && self.model.is_none()
     }
 
     /// A restore of the candidate's exact chunk chain begins (spec §3.9, §4.7): its route
@@ -104,7 +106,8 @@ impl Device<'_, '_> {
 
     /// The next chunk of restore `job` arrived (`None`: its fetch ended).
     pub(super) fn on_fetched(&mut self, job: u64, fetched: Option<Fetched>) {
-        if self.gathers() {
+        // Chunks checked one by one are written one by one; the rest are gathered.
+        if !self.verifies_restores() {
             return self.gather(job, fetched);
         }
         let Some(mut r) = self.restoring.remove(&job) else {
@@ -212,11 +215,18 @@ impl Device<'_, '_> {
     /// Waits for the writes [`Device::start_restores`] left in flight, commits their
     /// appends, and ends the restores with nothing more to come.
     pub(super) fn settle_restores(&mut self) {
-        if self.restoring.is_empty() {
+        // Only restores with a write in flight or nothing more to come: one waiting for
+        // its next chunk is left alone (this runs after every step).
+        let jobs: Vec<u64> = self
+            .restoring
+            .iter()
+            .filter(|(_, r)| r.writing.is_some() || r.ended || r.cancel.load(Ordering::Relaxed))
+            .map(|(job, _)| *job)
+            .collect();
+        if jobs.is_empty() {
             return;
         }
         let settled = self.memory.settle().map_err(|e| e.to_string());
-        let jobs: Vec<u64> = self.restoring.keys().copied().collect();
         for job in jobs {
             let Some(mut r) = self.restoring.remove(&job) else {
                 continue;
