@@ -92,16 +92,21 @@ pub fn attention<'s, K: KvPages + Sync>(
     } else {
         1
     };
-    let mut work: Vec<(usize, usize, usize, &mut [f32])> = Vec::new();
-    for (i, row_out) in out[..rows * qdim].chunks_mut(qdim).enumerate() {
-        let mut g0 = 0;
-        for part in row_out.chunks_mut(per_task * group * hd) {
-            let g1 = g0 + part.len() / (group * hd).max(1);
-            work.push((i, g0, g1, part));
-            g0 = g1;
-        }
-    }
-    let tasks = Mutex::new(work.into_iter());
+    let head_len = (group * hd).max(1);
+    // (query row, first KV head, end KV head, its output).
+    let tasks = Mutex::new(
+        out[..rows * qdim]
+            .chunks_mut(qdim)
+            .enumerate()
+            .flat_map(|(i, row)| {
+                row.chunks_mut(per_task * head_len)
+                    .enumerate()
+                    .map(move |(j, part)| {
+                        let g0 = j * per_task;
+                        (i, g0, g0 + part.len() / head_len, part)
+                    })
+            }),
+    );
     let failed: Mutex<Option<KvError>> = Mutex::new(None);
     pool.run(&|thread| {
         let Some(ts) = tls.get(thread) else { return };
@@ -169,7 +174,6 @@ fn heads_f16<K: KvPages>(
     ts.max[..heads].fill(f32::NEG_INFINITY);
     ts.sum[..heads].fill(0.0);
     ts.acc[..heads * hd].fill(0.0);
-    ts.head.resize(2 * n * hd, 0.0);
     for t in first_visible(query.pos, shape.window)..=query.pos {
         let (page, slot) = query.seq.locate_or_err(t, ps)?;
         let r = kv.row(page, slot).ok_or(KvError::NoRow { page, slot })?;
