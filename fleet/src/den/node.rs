@@ -580,8 +580,6 @@ fn tokens_of(blocks: &[u32], input_tokens: u32, fleet: &FleetView) -> Vec<Token>
     out
 }
 
-/// Blocks covering exactly `tokens` reused tokens (the router's boundaries are chunk
-/// ends, which are block ends).
 /// What den's worker does with the alternative it accepted (spec §3.3), on every
 /// profile: a GPU or recompute alternative reuses its resident blocks; a lower-tier one
 /// forks the resident head it names and restores the rest from the tier it names, even

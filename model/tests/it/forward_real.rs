@@ -390,6 +390,14 @@ fn cpu_seconds() -> f64 {
     (ticks(11) + ticks(12)) / 100.0
 }
 
+/// The benches' thread count: `DEN_BENCH_THREADS`, else `default`.
+fn bench_threads(default: usize) -> usize {
+    std::env::var("DEN_BENCH_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 /// `cargo test --release -p den-model --test it -- --ignored --nocapture bench_forward`
 #[test]
 #[ignore = "a measurement, not a check; run with --release"]
@@ -397,10 +405,7 @@ fn bench_forward() {
     let Some(dir) = models_dir("bench_forward") else {
         return;
     };
-    let threads: usize = std::env::var("DEN_BENCH_THREADS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2);
+    let threads = bench_threads(2);
     let fused = std::env::var("DEN_BENCH_UNFUSED").is_err();
     for file in [SMOL, GEMMA] {
         let f = open(&dir, file);
@@ -457,10 +462,7 @@ fn bench_forward_long_context() {
     let Some(dir) = models_dir("bench_forward_long_context") else {
         return;
     };
-    let threads: usize = std::env::var("DEN_BENCH_THREADS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1);
+    let threads = bench_threads(1);
     let f = open(&dir, SMOL);
     let m = Model::load(&f).unwrap();
     let opts = RunnerOptions {
