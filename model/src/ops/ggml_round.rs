@@ -170,6 +170,23 @@ pub fn expf(x: f32) -> f32 {
     scalef(j, n as i32)
 }
 
+/// `y = e^(y - max)` in place through ggml's exp, returning their sum in f64: a row of
+/// llama.cpp's tiled flash attention (`ggml_vec_soft_max_f32`).
+pub fn soft_max(k: Kernels, y: &mut [f32], max: f32) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    if k.is_simd() {
+        // SAFETY: `is_simd` means AVX2, FMA and F16C were detected.
+        return unsafe { avx2::soft_max(y, max) };
+    }
+    let _ = k;
+    let mut sum = 0.0f64;
+    for v in y {
+        *v = expf(*v - max);
+        sum += f64::from(*v);
+    }
+    sum
+}
+
 /// `j × 2^n` with one rounding (`_mm512_scalef_ps` for integral `n`).
 #[inline(always)]
 fn scalef(j: f32, n: i32) -> f32 {
@@ -309,10 +326,99 @@ mod avx2 {
         }
     }
 
-    /// The portable body compiled with FMA instructions.
+    /// [`super::expf`] on eight lanes, and which lanes it holds for: those whose `n`
+    /// is a normal exponent (the rest, -inf among them, go through the lane code).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn expf8(x: __m256) -> (__m256, i32) {
+        let c = |bits: u32| _mm256_set1_ps(f32::from_bits(bits));
+        let r = c(0x4b40_0000);
+        let z = _mm256_fmadd_ps(x, c(0x3fb8_aa3b), r);
+        let n = _mm256_sub_ps(z, r);
+        let b = _mm256_fnmadd_ps(n, c(0x35bf_be8e), _mm256_fnmadd_ps(n, c(0x3f31_7200), x));
+        let u = _mm256_mul_ps(b, b);
+        let j = _mm256_fmadd_ps(
+            _mm256_fmadd_ps(
+                _mm256_fmadd_ps(c(0x3c07_2010), b, c(0x3d2b_9f17)),
+                u,
+                _mm256_fmadd_ps(c(0x3e2a_af33), b, c(0x3eff_fedb)),
+            ),
+            u,
+            _mm256_fmadd_ps(c(0x3f7f_fff6), b, _mm256_set1_ps(1.0)),
+        );
+        let ok = _mm256_and_ps(
+            _mm256_cmp_ps::<_CMP_GE_OQ>(n, _mm256_set1_ps(-126.0)),
+            _mm256_cmp_ps::<_CMP_LE_OQ>(n, _mm256_set1_ps(127.0)),
+        );
+        let ni = _mm256_cvtps_epi32(_mm256_and_ps(n, ok));
+        let pow = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(
+            ni,
+            _mm256_set1_epi32(127),
+        )));
+        (_mm256_mul_ps(j, pow), _mm256_movemask_ps(ok))
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn soft_max(y: &mut [f32], max: f32) -> f64 {
+        let vmax = _mm256_set1_ps(max);
+        let mut sum = 0.0f64;
+        let (c, r) = y.as_chunks_mut::<8>();
+        for c in c {
+            // SAFETY: 8 f32s; unaligned load and store.
+            let x = unsafe { _mm256_sub_ps(_mm256_loadu_ps(c.as_ptr()), vmax) };
+            let (e, ok) = expf8(x);
+            let mut xs = [0.0f32; 8];
+            // SAFETY: 8 f32s each; unaligned stores.
+            unsafe {
+                _mm256_storeu_ps(xs.as_mut_ptr(), x);
+                _mm256_storeu_ps(c.as_mut_ptr(), e);
+            }
+            for (l, (v, x)) in c.iter_mut().zip(xs).enumerate() {
+                if ok & (1 << l) == 0 {
+                    *v = super::expf(x);
+                }
+                sum += f64::from(*v);
+            }
+        }
+        for v in r {
+            *v = super::expf(*v - max);
+            sum += f64::from(*v);
+        }
+        sum
+    }
+
+    /// [`super::dot_f16_body`] in registers: each 16-lane accumulator as two of 8, the
+    /// same FMAs and the same reduction order (float addition commutes, so `hi + lo`
+    /// is `lo + hi`).
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) fn dot_f16(x: &[f32], y: &[f32]) -> f32 {
-        super::dot_f16_body(x, y)
+        let len = x.len().min(y.len());
+        let n = len / 64 * 64;
+        let (xc, _) = x[..n].as_chunks::<64>();
+        let (yc, _) = y[..n].as_chunks::<64>();
+        let mut acc = [_mm256_setzero_ps(); 8];
+        for (x, y) in xc.iter().zip(yc) {
+            for (i, a) in acc.iter_mut().enumerate() {
+                // SAFETY: 8 f32s at 8i within each 64-element chunk; unaligned loads.
+                unsafe {
+                    let xv = _mm256_loadu_ps(x.as_ptr().add(8 * i));
+                    let yv = _mm256_loadu_ps(y.as_ptr().add(8 * i));
+                    *a = _mm256_fmadd_ps(xv, yv, *a);
+                }
+            }
+        }
+        // acc[2j] holds lanes 0..8 of accumulator j, acc[2j + 1] lanes 8..16.
+        let lo = _mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6]));
+        let hi = _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7]));
+        let t3 = _mm256_add_ps(hi, lo);
+        let t6 = _mm_add_ps(_mm256_extractf128_ps::<1>(t3), _mm256_castps256_ps128(t3));
+        let u = _mm_add_ps(t6, _mm_movehl_ps(t6, t6));
+        let s = _mm_add_ss(u, _mm_movehdup_ps(u));
+        let mut r = f64::from(_mm_cvtss_f32(s));
+        for e in n..len {
+            r += f64::from(x[e] * y[e]);
+        }
+        r as f32
     }
 
     /// The scalar lane code compiled with FMA instructions.
@@ -338,6 +444,50 @@ mod tests {
         }
         assert_eq!(expf(-200.0), 0.0);
         assert_eq!(expf(200.0), f32::INFINITY);
+    }
+
+    #[test]
+    fn dot_f16_simd_adds_in_the_lane_codes_order() {
+        // Values of mixed sign and magnitude, so a different order of additions shows in
+        // the last bits; lengths with and without a tail past the last 64.
+        let v = |i: usize, s: f32| {
+            ((i as f32 * s).sin() * 2f32.powi((i % 13) as i32 - 6)).mul_add(1.0, 0.0)
+        };
+        for len in [64, 128, 256, 261] {
+            let x: Vec<f32> = (0..len).map(|i| r16(v(i, 0.917))).collect();
+            let y: Vec<f32> = (0..len).map(|i| r16(v(i + 7, 1.303))).collect();
+            let (got, want) = (
+                dot_f16(Kernels::detect(), &x, &y),
+                dot_f16(Kernels::scalar(), &x, &y),
+            );
+            assert_eq!(
+                got.to_bits(),
+                want.to_bits(),
+                "length {len}: {got} vs {want}"
+            );
+        }
+    }
+
+    #[test]
+    fn soft_max_simd_equals_the_lane_code() {
+        // Ordinary scores, ones far below the maximum (subnormal and zero results, the
+        // lane code's path) and masked ones, in a row whose length is not a multiple of 8.
+        let mut row: Vec<f32> = (0..203).map(|i| (i as f32 * 0.731).sin() * 12.0).collect();
+        row[5] = f32::NEG_INFINITY;
+        row[17] = -80.0;
+        row[18] = -130.0;
+        row[40] = -300.0;
+        let max = row.iter().fold(f32::NEG_INFINITY, |m, v| m.max(*v));
+        let mut want = row.clone();
+        let want_sum = soft_max(Kernels::scalar(), &mut want, max);
+        let mut got = row.clone();
+        let got_sum = soft_max(Kernels::detect(), &mut got, max);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.to_bits(), w.to_bits(), "lane {i}: {g} vs {w}");
+        }
+        assert_eq!(got_sum, want_sum);
+        assert_eq!(got[5], 0.0);
+        assert!(got[17] > 0.0 && got[17] < 1e-30);
     }
 
     #[test]

@@ -196,6 +196,24 @@ pub fn has_q8_dot(ty: GgmlType) -> bool {
     )
 }
 
+/// Asks the CPU to bring `bytes` into cache ahead of use: attention walks keys whose rows
+/// lie a row (23 KB for SmolLM2) apart, a stride the hardware prefetchers do not follow.
+#[inline(always)]
+pub fn prefetch(bytes: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in bytes.chunks(64) {
+        // SAFETY: a prefetch is a hint: it reads nothing architecturally and cannot fault;
+        // the address is inside `bytes`. SSE is part of x86_64.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                line.as_ptr().cast::<i8>(),
+            );
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = bytes;
+}
+
 /// The kernels for this CPU: AVX2+FMA+F16C where detected, portable scalar code elsewhere.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Kernels {
@@ -347,6 +365,20 @@ impl Kernels {
             return unsafe { avx2::axpy(a, x, y) };
         }
         axpy_body(a, x, y);
+    }
+
+    /// `C += A · B` for row-major `A` (`m × k`), `B` (`k × n`) and `C` (`m × n`): each
+    /// element of `C` adds its products in `k` order, one FMA each on SIMD (the order of
+    /// ggml's `simd_gemm`). Attention's tiles: scores from queries and a transposed key
+    /// tile, then the V sum from the probabilities.
+    pub fn gemm_acc(&self, c: &mut [f32], a: &[f32], b: &[f32], m: usize, k: usize, n: usize) {
+        let (c, a, b) = (&mut c[..m * n], &a[..m * k], &b[..k * n]);
+        #[cfg(target_arch = "x86_64")]
+        if self.avx2 {
+            // SAFETY: as in `quantize_row`; the slices are exactly the shapes.
+            return unsafe { avx2::gemm_acc(c, a, b, m, k, n) };
+        }
+        gemm_acc_body(c, a, b, m, k, n, 0);
     }
 
     /// Little-endian f16 bytes to f32 (`dst.len()` values from `2 × dst.len()` bytes).
@@ -621,6 +653,21 @@ fn dot_f32_body(a: &[f32], b: &[f32]) -> f32 {
         acc[3] + acc[7],
     ];
     (s4[0] + s4[2]) + (s4[1] + s4[3]) + tail
+}
+
+/// [`Kernels::gemm_acc`] for the columns from `from` on.
+#[inline(always)]
+fn gemm_acc_body(c: &mut [f32], a: &[f32], b: &[f32], m: usize, k: usize, n: usize, from: usize) {
+    if from >= n {
+        return;
+    }
+    for (ci, ai) in c.chunks_exact_mut(n).zip(a.chunks_exact(k)).take(m) {
+        for (av, bk) in ai.iter().zip(b.chunks_exact(n)) {
+            for (y, x) in ci[from..].iter_mut().zip(&bk[from..]) {
+                *y += av * x;
+            }
+        }
+    }
 }
 
 #[inline(always)]
@@ -1414,6 +1461,74 @@ mod avx2 {
         sum
     }
 
+    /// Six rows of `C` by 16 columns in twelve registers, `k` FMAs each; the rows left
+    /// over one at a time, the columns past a multiple of 16 in the portable body.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) fn gemm_acc(c: &mut [f32], a: &[f32], b: &[f32], m: usize, k: usize, n: usize) {
+        let n16 = n / 16 * 16;
+        let mut i = 0;
+        while i + 6 <= m {
+            // SAFETY: rows i..i + 6 are in range; `gemm_block` reads A's rows and B's
+            // first `n16` columns and writes C's within the slices' shapes.
+            unsafe { gemm_block::<6>(c, a, b, i, k, n, n16) };
+            i += 6;
+        }
+        while i < m {
+            // SAFETY: as above, row i alone.
+            unsafe { gemm_block::<1>(c, a, b, i, k, n, n16) };
+            i += 1;
+        }
+        super::gemm_acc_body(c, a, b, m, k, n, n16);
+    }
+
+    /// Rows `i..i + R` of `C`, columns `0..n16`.
+    ///
+    /// # Safety
+    /// `i + R <= m`, `n16 <= n`, a multiple of 16, and `c`, `a`, `b` hold `m × n`,
+    /// `m × k`, `k × n` values.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn gemm_block<const R: usize>(
+        c: &mut [f32],
+        a: &[f32],
+        b: &[f32],
+        i: usize,
+        k: usize,
+        n: usize,
+        n16: usize,
+    ) {
+        let (cp, ap, bp) = (c.as_mut_ptr(), a.as_ptr(), b.as_ptr());
+        let mut j = 0;
+        while j < n16 {
+            // SAFETY: every offset below is within the shapes of the contract.
+            unsafe {
+                let mut acc = [[_mm256_setzero_ps(); 2]; R];
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let p = cp.add((i + r) * n + j);
+                    acc[0] = _mm256_loadu_ps(p);
+                    acc[1] = _mm256_loadu_ps(p.add(8));
+                }
+                for kk in 0..k {
+                    let q = bp.add(kk * n + j);
+                    let b0 = _mm256_loadu_ps(q);
+                    let b1 = _mm256_loadu_ps(q.add(8));
+                    for (r, acc) in acc.iter_mut().enumerate() {
+                        let av = _mm256_set1_ps(*ap.add((i + r) * k + kk));
+                        acc[0] = _mm256_fmadd_ps(av, b0, acc[0]);
+                        acc[1] = _mm256_fmadd_ps(av, b1, acc[1]);
+                    }
+                }
+                for (r, acc) in acc.iter().enumerate() {
+                    let p = cp.add((i + r) * n + j);
+                    _mm256_storeu_ps(p, acc[0]);
+                    _mm256_storeu_ps(p.add(8), acc[1]);
+                }
+            }
+            j += 16;
+        }
+    }
+
     #[target_feature(enable = "avx2,fma")]
     pub(super) fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
         let n = x.len().min(y.len());
@@ -1734,5 +1849,34 @@ pub(super) mod tests {
         s.f16_to_f32(&h1, &mut f1);
         k.f16_to_f32(&h1, &mut f2);
         assert_eq!(f1, f2);
+    }
+
+    #[test]
+    fn gemm_acc_adds_the_product_on_every_path_and_shape() {
+        let mut rng = Rng(91);
+        // Rows past a multiple of six and columns past a multiple of 16 take the
+        // remainder paths; C starts non-zero (it accumulates).
+        for (m, k, n) in [(13, 64, 64), (1, 7, 16), (6, 64, 40), (2, 3, 5)] {
+            let a: Vec<f32> = (0..m * k).map(|_| rng.f()).collect();
+            let b: Vec<f32> = (0..k * n).map(|_| rng.f()).collect();
+            let c0: Vec<f32> = (0..m * n).map(|_| rng.f()).collect();
+            for kern in [Kernels::scalar(), Kernels::detect()] {
+                let mut c = c0.clone();
+                kern.gemm_acc(&mut c, &a, &b, m, k, n);
+                for i in 0..m {
+                    for j in 0..n {
+                        let want = f64::from(c0[i * n + j])
+                            + (0..k)
+                                .map(|t| f64::from(a[i * k + t]) * f64::from(b[t * n + j]))
+                                .sum::<f64>();
+                        let got = f64::from(c[i * n + j]);
+                        assert!(
+                            (got - want).abs() < 1e-5,
+                            "{m}x{k}x{n} ({i}, {j}): {got} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
     }
 }

