@@ -13,6 +13,8 @@ mod ingress_openai_client;
 mod router_fallback;
 #[cfg(feature = "cuda")]
 mod serving_cuda;
+// Without the feature the backend is absent: `memory/cuda_absent.rs` tests its error.
+#[cfg(feature = "cuda")]
 mod storage_cuda;
 mod storage_restore;
 mod storage_s3;
