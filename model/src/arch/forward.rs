@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use super::{Arch, Model, ModelError};
 use crate::ggml_type::GgmlType;
 use crate::kv::{KV_ELEM_BYTES, KvPages, Sequence};
-use crate::ops::attention::{self, AttnError, AttnShape, Query};
+use crate::ops::attention::{self, AttnError, AttnPath, AttnShape, Query};
 use crate::ops::kernels::{Kernels, Q8Rows};
 use crate::ops::math::{rms_norm, rms_norm_in_place, rope, rope_table};
 use crate::ops::matmul::{self, Ctx, Input, MatmulError, MatmulMode, ThreadScratch, Weight};
@@ -460,7 +460,13 @@ impl<'m, 'a> Runner<'m, 'a> {
                     window: lc.window,
                     // llama.cpp's flash attention rounds through f16 below 64 query rows
                     // of a batch (its tiled f32 path from there on).
-                    f16_accum: mode == MatmulMode::Quantized && batch < attention::TILED_FROM_ROWS,
+                    path: match mode {
+                        MatmulMode::Exact => AttnPath::F32,
+                        MatmulMode::Quantized if batch < attention::TILED_FROM_ROWS => {
+                            AttnPath::OneRow
+                        }
+                        MatmulMode::Quantized => AttnPath::Tiled,
+                    },
                 },
                 &s.q[..n * qd],
                 &mut s.att[..n * qd],

@@ -5,7 +5,7 @@
 use std::sync::Mutex;
 
 use den_model::kv::{HostKvPages, KvLayout, KvPages, Sequence};
-use den_model::ops::attention::{AttnShape, Query, attention};
+use den_model::ops::attention::{AttnPath, AttnShape, Query, attention};
 use den_model::ops::matmul::ThreadScratch;
 use den_model::ops::pool::Pool;
 use den_model::ops::{Kernels, f32_to_f16};
@@ -146,54 +146,172 @@ fn run(
 }
 
 /// A batch as the worker builds one: a 90-row prefill chunk of one sequence deep in its
-/// context (two row tiles, several key tiles, the chunk's own causal triangle), a decode
-/// row and an early row of another; with and without a sliding window. Every query head
-/// is within 1e-5 of the f64 softmax; 1 and 3 threads, and each row computed alone, give
-/// the same bits as the whole batch.
+/// context (two row tiles, several key tiles, the chunk's own causal triangle), a late and
+/// an early row of a second sequence, and a decode row of a third; with and without a
+/// sliding window.
+///
+/// - [`AttnPath::F32`]: every query head within 1e-5 of the f64 softmax; 1 and 3 threads,
+///   and each row computed alone, give the same bits as the whole batch.
+/// - [`AttnPath::Tiled`]: the rows of sequences with several rows are the F32 path's bits;
+///   the lone decode row is the one-row path's bits for that row alone (within 2e-3 of
+///   f64: its V sum is kept in f16).
 #[test]
 fn tiled_attention_matches_f64_and_tiling_changes_no_bit() {
     let mut rng = Rng::new(17);
     let (nh, nkv, hd) = (6usize, 2usize, 64usize);
-    let fx = fixture(&[300, 210], nkv, hd, &mut rng);
+    let fx = fixture(&[300, 210, 150], nkv, hd, &mut rng);
     let mut rows: Vec<(usize, u32)> = (200..290).map(|p| (0, p)).collect();
     rows.push((1, 209));
     rows.push((1, 5));
+    rows.push((2, 149));
+    let lone = rows.len() - 1;
     let qd = nh * hd;
     let q = random(rows.len() * qd, &mut rng);
+    let close = |got: &[f32], i: usize, window, tol: f64| {
+        let (s, pos) = rows[i];
+        for h in 0..nh {
+            let qh = &q[i * qd + h * hd..i * qd + (h + 1) * hd];
+            let want = reference(&fx, s, pos, window, qh, h / (nh / nkv), hd, nkv);
+            let g = &got[i * qd + h * hd..i * qd + (h + 1) * hd];
+            for (d, (g, w)) in g.iter().zip(&want).enumerate() {
+                assert!(
+                    (f64::from(*g) - w).abs() < tol,
+                    "window {window:?}, row {i} (pos {pos}), head {h}, dim {d}: {g} vs {w}"
+                );
+            }
+        }
+    };
     for window in [None, Some(70u32)] {
-        let shape = AttnShape {
+        let shape = |path| AttnShape {
             n_head: nh,
             n_kv: nkv,
             head_dim: hd,
             k_off: fx.layout.k_offset(LAYER),
             v_off: fx.layout.v_offset(LAYER),
             window,
-            f16_accum: false,
+            path,
         };
-        let got = run(&fx, 1, &rows, shape, &q);
-        for (i, &(s, pos)) in rows.iter().enumerate() {
-            for h in 0..nh {
-                let qh = &q[i * qd + h * hd..i * qd + (h + 1) * hd];
-                let want = reference(&fx, s, pos, window, qh, h / (nh / nkv), hd, nkv);
-                let g = &got[i * qd + h * hd..i * qd + (h + 1) * hd];
-                for (d, (g, w)) in g.iter().zip(&want).enumerate() {
-                    assert!(
-                        (f64::from(*g) - w).abs() < 1e-5,
-                        "window {window:?}, row {i} (pos {pos}), head {h}, dim {d}: {g} vs {w}"
-                    );
-                }
-            }
+        let got = run(&fx, 1, &rows, shape(AttnPath::F32), &q);
+        for i in 0..rows.len() {
+            close(&got, i, window, 1e-5);
         }
         assert!(
-            run(&fx, 3, &rows, shape, &q) == got,
+            run(&fx, 3, &rows, shape(AttnPath::F32), &q) == got,
             "window {window:?}: three threads changed the result"
         );
         for (i, row) in rows.iter().enumerate() {
-            let alone = run(&fx, 1, &[*row], shape, &q[i * qd..(i + 1) * qd]);
+            let alone = run(
+                &fx,
+                1,
+                &[*row],
+                shape(AttnPath::F32),
+                &q[i * qd..(i + 1) * qd],
+            );
             assert!(
                 alone[..] == got[i * qd..(i + 1) * qd],
                 "window {window:?}: row {i} alone differs from the batch"
             );
         }
+        for threads in [1, 3] {
+            let tiled = run(&fx, threads, &rows, shape(AttnPath::Tiled), &q);
+            assert!(
+                tiled[..lone * qd] == got[..lone * qd],
+                "window {window:?}, {threads} threads: the tiled path's multi-row sequences are not the f32 path's bits"
+            );
+            let one_row = run(
+                &fx,
+                1,
+                &[rows[lone]],
+                shape(AttnPath::OneRow),
+                &q[lone * qd..],
+            );
+            assert!(
+                tiled[lone * qd..] == one_row[..],
+                "window {window:?}, {threads} threads: the lone row is not the one-row path's bits"
+            );
+            assert!(
+                tiled[lone * qd..] != got[lone * qd..],
+                "the lone row took the f32 path"
+            );
+            close(&tiled, lone, window, 2e-3);
+        }
+    }
+}
+
+/// 64 decode rows of 64 sequences at 1,024 tokens of context each, in SmolLM2's row
+/// layout (30 layers: rows 23 KB apart), in one batch of 64 rows (as a worker's step of
+/// 64 decodes takes it): milliseconds per layer, with every row as a tile of the f32 path
+/// ([`AttnPath::F32`]) and as the quantized mode runs them ([`AttnPath::Tiled`]: each
+/// lone row on the one-row path).
+/// `cargo test --release -p den-model --test it -- --ignored --nocapture
+/// bench_tiled_attention_decode_rows`
+#[test]
+#[ignore = "a measurement, not a check; run with --release"]
+fn bench_tiled_attention_decode_rows() {
+    let (nh, nkv, hd, layers, ctx, seqs) = (9usize, 3usize, 64usize, 30u32, 1024u32, 64usize);
+    let layout = KvLayout {
+        layers,
+        kv_heads: nkv as u32,
+        head_dim: hd as u32,
+    };
+    let mut host = HostKvPages::new(layout, PAGE, seqs as u32 * ctx.div_ceil(PAGE)).unwrap();
+    let mut rng = Rng::new(5);
+    let (ko, vo) = (layout.k_offset(LAYER), layout.v_offset(LAYER));
+    let bytes: Vec<u8> = (0..nkv * hd)
+        .flat_map(|_| f32_to_f16(random(1, &mut rng)[0]).to_le_bytes())
+        .collect();
+    let mut all = Vec::new();
+    for _ in 0..seqs {
+        let mut seq = Sequence::new();
+        host.reserve(&mut seq, ctx).unwrap();
+        seq.set_len(ctx);
+        for t in 0..ctx {
+            let (p, slot) = seq.locate(t, PAGE).unwrap();
+            let row = host.row_mut(p, slot).unwrap();
+            row[ko..ko + bytes.len()].copy_from_slice(&bytes);
+            row[vo..vo + bytes.len()].copy_from_slice(&bytes);
+        }
+        all.push(seq);
+    }
+    let q = random(seqs * nh * hd, &mut rng);
+    let mut pool = Pool::new(1).unwrap();
+    let tls = [Mutex::new(ThreadScratch::default())];
+    let mut out = vec![0f32; q.len()];
+    let query = |i: usize| Query {
+        pos: ctx - 1,
+        seq: &all[i],
+    };
+    for path in [AttnPath::F32, AttnPath::Tiled] {
+        let shape = AttnShape {
+            n_head: nh,
+            n_kv: nkv,
+            head_dim: hd,
+            k_off: ko,
+            v_off: vo,
+            window: None,
+            path,
+        };
+        let mut times = Vec::new();
+        for _ in 0..7 {
+            let t = std::time::Instant::now();
+            attention(
+                &mut pool,
+                &tls,
+                Kernels::detect(),
+                &host,
+                seqs,
+                &query,
+                shape,
+                &q,
+                &mut out,
+            )
+            .unwrap();
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        times.sort_by(f64::total_cmp);
+        eprintln!(
+            "{path:?} attention, {seqs} decode rows at {ctx} tokens of context, one thread: median {:.2} ms a layer",
+            times[times.len() / 2]
+        );
     }
 }

@@ -15,7 +15,7 @@ use std::sync::{Mutex, OnceLock};
 use den_model::gguf::GgufFile;
 use den_model::gpu_plan::{self, Arg, BatchTable, Buffer, HostData, PassShape, Step};
 use den_model::kv::{HostKvPages, KvLayout, KvPages, Sequence};
-use den_model::ops::attention::{AttnShape, Query, attention};
+use den_model::ops::attention::{AttnPath, AttnShape, Query, attention};
 use den_model::ops::ggml_round::glu;
 use den_model::ops::math::{Activation, RopeStyle, rms_norm, rms_norm_in_place, rope, rope_table};
 use den_model::ops::matmul::ThreadScratch;
@@ -412,7 +412,7 @@ fn emulated_paged_attention_writes_the_cpu_row_layout_and_attends_as_the_cpu_doe
             k_off: layout.k_offset(layer),
             v_off: layout.v_offset(layer),
             window,
-            f16_accum: false,
+            path: AttnPath::F32,
         };
         let query = |i: usize| Query {
             pos: qpos[i],

@@ -29,10 +29,25 @@ pub struct AttnShape {
     pub v_off: usize,
     /// Keys with `t - key_pos >= window` are masked (llama.cpp's standard SWA).
     pub window: Option<u32>,
-    /// Round as llama.cpp's one-row flash attention with an f16 cache does
-    /// ([`heads_f16`]); otherwise f32 throughout in tiles of 64 keys (its tiled path,
-    /// [`tiled`]).
-    pub f16_accum: bool,
+    /// Which of llama.cpp's computations, or den's f32 reference.
+    pub path: AttnPath,
+}
+
+/// How attention rounds and walks the keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttnPath {
+    /// Every row as llama.cpp's one-row flash attention with an f16 cache
+    /// ([`heads_f16`]): what it runs below 64 query rows.
+    OneRow,
+    /// llama.cpp's tiled f32 path ([`tiled`]), which it runs from 64 query rows on; but a
+    /// sequence with a single row in the batch (a decode step) still takes the one-row
+    /// path. So a decode step's numerics never depend on what it is batched with, and a
+    /// lone row is not paid for as a tile (measured: 64 decode rows at 1,024 tokens of
+    /// context, 37–50 ms a layer tiled against 23 ms one-row, `bench_tiled_attention_
+    /// decode_rows`). A golden check cannot tell: llama.cpp batches one sequence.
+    Tiled,
+    /// f32 throughout in tiles, every row (den's exact mode, the reference).
+    F32,
 }
 
 /// How many keys ahead the one-row path asks for a key's K and V runs.
@@ -80,7 +95,7 @@ pub fn attention<'s, K: KvPages + Sync>(
     q: &[f32],
     out: &mut [f32],
 ) -> Result<(), AttnError> {
-    if !shape.f16_accum {
+    if shape.path != AttnPath::OneRow {
         return tiled::attention(pool, tls, k, kv, rows, queries, shape, q, out);
     }
     let hd = shape.head_dim;

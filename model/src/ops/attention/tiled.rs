@@ -17,10 +17,10 @@
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::{AttnError, AttnShape, Query, first_visible};
+use super::{AttnError, AttnPath, AttnShape, PREFETCH_KEYS, Query, first_visible};
 use crate::kv::{KV_ELEM_BYTES, KvError, KvPages};
 use crate::ops::ggml_round;
-use crate::ops::kernels::Kernels;
+use crate::ops::kernels::{Kernels, prefetch};
 use crate::ops::matmul::ThreadScratch;
 use crate::ops::pool::Pool;
 
@@ -34,10 +34,14 @@ const Q_TILE: usize = 64;
 struct RowTile {
     first: usize,
     len: usize,
+    /// The sequence has this one row in the batch (a decode step): with
+    /// [`AttnPath::Tiled`] it takes the one-row path.
+    lone: bool,
 }
 
-/// The batch's rows cut into tiles: runs of rows of one sequence, at most `size` rows.
-/// With several threads and few tasks the tiles shrink so every thread has work.
+/// The batch's rows cut into tiles: each run of consecutive rows of one sequence in
+/// pieces of at most `size` rows. With several threads and few tasks the tiles shrink so
+/// every thread has work.
 fn row_tiles<'s>(
     rows: usize,
     queries: &(dyn Fn(usize) -> Query<'s> + Sync),
@@ -50,14 +54,25 @@ fn row_tiles<'s>(
         Q_TILE
     };
     let mut tiles: Vec<RowTile> = Vec::new();
-    let mut prev: Option<*const crate::kv::Sequence> = None;
-    for i in 0..rows {
-        let seq: *const crate::kv::Sequence = queries(i).seq;
-        match tiles.last_mut() {
-            Some(t) if prev == Some(seq) && t.len < size => t.len += 1,
-            _ => tiles.push(RowTile { first: i, len: 1 }),
+    let mut first = 0;
+    while first < rows {
+        let seq = queries(first).seq;
+        let mut end = first + 1;
+        while end < rows && std::ptr::eq(queries(end).seq, seq) {
+            end += 1;
         }
-        prev = Some(seq);
+        let lone = end - first == 1;
+        let mut at = first;
+        while at < end {
+            let len = (end - at).min(size);
+            tiles.push(RowTile {
+                first: at,
+                len,
+                lone,
+            });
+            at += len;
+        }
+        first = end;
     }
     tiles
 }
@@ -81,19 +96,31 @@ pub(super) fn attention<'s, K: KvPages + Sync>(
     let next = AtomicUsize::new(0);
     let out = Mutex::new(out);
     let failed: Mutex<Option<KvError>> = Mutex::new(None);
+    let group = shape.n_head / n_kv;
+    let (hd, qdim) = (shape.head_dim, shape.n_head * shape.head_dim);
     pool.run(&|thread| {
         let Some(ts) = tls.get(thread) else { return };
         let Ok(mut ts) = ts.lock() else { return };
         let ts = &mut *ts;
+        let mut lone_out = Vec::new();
         loop {
             let t = next.fetch_add(1, Ordering::Relaxed);
             if t >= tasks {
                 break;
             }
             let (tile, g) = (tiles[t / n_kv], t % n_kv);
-            let done = tile_task(k, kv, queries, shape, tile, g, q, ts).map(|()| {
-                write_out(&out, &shape, tile, g, ts);
-            });
+            let done = if tile.lone && shape.path == AttnPath::Tiled {
+                let at = tile.first * qdim + g * group * hd;
+                let qs = &q[at..at + group * hd];
+                lone_out.resize(group * hd, 0.0);
+                grow(ts, group, hd);
+                let query = queries(tile.first);
+                super::heads_f16(k, kv, &query, shape, g..g + 1, group, qs, ts, &mut lone_out)
+                    .map(|()| write_out(&out, &shape, tile, g, &lone_out))
+            } else {
+                tile_task(k, kv, queries, shape, tile, g, q, ts)
+                    .map(|()| write_out(&out, &shape, tile, g, &ts.acc))
+            };
             if let Err(e) = done
                 && let Ok(mut f) = failed.lock()
             {
@@ -166,6 +193,15 @@ fn tile_task<'s, K: KvPages>(
             v_buf[kt * hd..].fill(0.0);
         }
         for tk in 0..kt {
+            let ahead = (c0 + tk) as u32 + PREFETCH_KEYS;
+            if ahead <= hi
+                && let Some(r) = seq
+                    .locate(ahead, ps)
+                    .and_then(|(page, slot)| kv.row(page, slot))
+            {
+                prefetch(r.get(k_at..k_at + head_bytes).unwrap_or_default());
+                prefetch(r.get(v_at..v_at + head_bytes).unwrap_or_default());
+            }
             let (page, slot) = seq.locate_or_err((c0 + tk) as u32, ps)?;
             let row = kv.row(page, slot).ok_or(KvError::NoRow { page, slot })?;
             let size = || KvError::RowSize {
@@ -228,20 +264,28 @@ fn tile_task<'s, K: KvPages>(
     Ok(())
 }
 
-/// Copies a finished task's rows from `ts.acc` into their places in `out`.
-fn write_out(
-    out: &Mutex<&mut [f32]>,
-    shape: &AttnShape,
-    tile: RowTile,
-    g: usize,
-    ts: &ThreadScratch,
-) {
+/// The scratch [`super::heads_f16`] needs for one KV head's `group` query heads.
+fn grow(ts: &mut ThreadScratch, group: usize, hd: usize) {
+    let at_least = |v: &mut Vec<f32>, n: usize| {
+        if v.len() < n {
+            v.resize(n, 0.0);
+        }
+    };
+    at_least(&mut ts.head, 2 * hd);
+    at_least(&mut ts.qh, group * hd);
+    at_least(&mut ts.acc, group * hd);
+    at_least(&mut ts.max, group);
+    at_least(&mut ts.sum, group);
+}
+
+/// Copies a finished task's rows (`src`, row by row) into their places in `out`.
+fn write_out(out: &Mutex<&mut [f32]>, shape: &AttnShape, tile: RowTile, g: usize, src: &[f32]) {
     let hd = shape.head_dim;
     let group = shape.n_head / shape.n_kv.max(1);
     let qdim = shape.n_head * hd;
     let Ok(mut out) = out.lock() else { return };
     for r in 0..tile.len {
         let at = (tile.first + r) * qdim + g * group * hd;
-        out[at..at + group * hd].copy_from_slice(&ts.acc[r * group * hd..(r + 1) * group * hd]);
+        out[at..at + group * hd].copy_from_slice(&src[r * group * hd..(r + 1) * group * hd]);
     }
 }
