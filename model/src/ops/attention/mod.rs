@@ -6,7 +6,8 @@
 //! Grouped-query attention: the `n_head / n_kv_head` query heads of a KV head are one task,
 //! so each K and V head is converted from f16 once for all of them. Below 64 query rows
 //! (llama.cpp's f16 path) tasks are (batch row, run of KV heads); from there on
-//! ([`tiled`]) they are (tile of one sequence's rows, KV head).
+//! ([`tiled`]) they are (tile of one sequence's rows, KV head), a sequence's lone row
+//! going the one-row way ([`AttnPath`]).
 
 mod tiled;
 

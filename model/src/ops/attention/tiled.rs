@@ -8,7 +8,9 @@
 //! second product. Keys a query must not see are masked to -inf, so they add exactly
 //! nothing. A query head's arithmetic depends only on its own position and the absolute
 //! key tiles, never on the rows it shares a task with: how rows fall into tiles (batch
-//! composition, thread count) changes no bit.
+//! composition, thread count) changes no bit. With [`AttnPath::Tiled`] a sequence with a
+//! single row in the batch (a decode step) is not a tile: it takes the one-row path
+//! (`super::heads_f16`), as it would in a smaller batch.
 //!
 //! Before this path each (row, KV head) walked every key alone, converting K and V per
 //! row and scoring by one dot product at a time: 62 tokens/s of prefill at 2,048 tokens
