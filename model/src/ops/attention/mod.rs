@@ -6,7 +6,7 @@
 //! Grouped-query attention: the `n_head / n_kv_head` query heads of a KV head are one task,
 //! so each K and V head is converted from f16 once for all of them. Below 64 query rows
 //! (llama.cpp's f16 path) tasks are (batch row, run of KV heads); from there on
-//! ([`tiled`]) they are (tile of one sequence's rows, KV head), a sequence's lone row
+//! (`tiled.rs`) they are (tile of one sequence's rows, KV head), a sequence's lone row
 //! going the one-row way ([`AttnPath`]).
 
 mod tiled;
@@ -38,9 +38,9 @@ pub struct AttnShape {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AttnPath {
     /// Every row as llama.cpp's one-row flash attention with an f16 cache
-    /// ([`heads_f16`]): what it runs below 64 query rows.
+    /// (`heads_f16`): what it runs below 64 query rows.
     OneRow,
-    /// llama.cpp's tiled f32 path ([`tiled`]), which it runs from 64 query rows on; but a
+    /// llama.cpp's tiled f32 path (`tiled.rs`), which it runs from 64 query rows on; but a
     /// sequence with a single row in the batch (a decode step) still takes the one-row
     /// path. So a decode step's numerics never depend on what it is batched with, and a
     /// lone row is not paid for as a tile (measured: 64 decode rows at 1,024 tokens of
