@@ -124,7 +124,7 @@ pub fn attention<'s, K: KvPages + Sync>(
                     })
             }),
     );
-    let failed: Mutex<Option<KvError>> = Mutex::new(None);
+    let failed = Failure::default();
     pool.run(&|thread| {
         let Some(ts) = tls.get(thread) else { return };
         let Ok(mut ts) = ts.lock() else { return };
@@ -140,20 +140,34 @@ pub fn attention<'s, K: KvPages + Sync>(
             let Some((i, g0, g1, out)) = next else { break };
             let query = queries(i);
             let qs = &q[i * qdim + g0 * group * hd..i * qdim + g1 * group * hd];
-            if let Err(e) = heads_f16(k, kv, &query, shape, g0..g1, group, qs, ts, out)
-                && let Ok(mut f) = failed.lock()
-            {
-                *f = Some(e);
-            }
+            failed.record(heads_f16(k, kv, &query, shape, g0..g1, group, qs, ts, out));
         }
     })?;
-    if let Some(e) = failed.into_inner().ok().flatten() {
-        return Err(e.into());
-    }
-    Ok(())
+    failed.into_result()
 }
 
-/// [`head_group`] as `ggml_compute_forward_flash_attn_ext_f16_one_chunk` computes it, for
+/// The first KV error any task of a call met (the call's other tasks run on).
+#[derive(Default)]
+struct Failure(Mutex<Option<KvError>>);
+
+impl Failure {
+    fn record(&self, done: Result<(), KvError>) {
+        if let Err(e) = done
+            && let Ok(mut f) = self.0.lock()
+        {
+            f.get_or_insert(e);
+        }
+    }
+
+    fn into_result(self) -> Result<(), AttnError> {
+        match self.0.into_inner().ok().flatten() {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Attention as `ggml_compute_forward_flash_attn_ext_f16_one_chunk` computes it, for
 /// the query heads of KV heads `kv_heads` together: each query head rounded to f16; per
 /// key in position order (the run's K and V heads converted from one read of the row)
 /// the score (ggml's f16 dot order), a new maximum rescales that head's f16 accumulator,

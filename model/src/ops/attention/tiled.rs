@@ -19,7 +19,7 @@
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::{AttnError, AttnPath, AttnShape, PREFETCH_KEYS, Query, first_visible};
+use super::{AttnError, AttnPath, AttnShape, Failure, PREFETCH_KEYS, Query, first_visible};
 use crate::kv::{KV_ELEM_BYTES, KvError, KvPages};
 use crate::ops::ggml_round;
 use crate::ops::kernels::{Kernels, prefetch};
@@ -97,7 +97,7 @@ pub(super) fn attention<'s, K: KvPages + Sync>(
     let tasks = tiles.len() * n_kv;
     let next = AtomicUsize::new(0);
     let out = Mutex::new(out);
-    let failed: Mutex<Option<KvError>> = Mutex::new(None);
+    let failed = Failure::default();
     let group = shape.n_head / n_kv;
     let (hd, qdim) = (shape.head_dim, shape.n_head * shape.head_dim);
     pool.run(&|thread| {
@@ -123,17 +123,10 @@ pub(super) fn attention<'s, K: KvPages + Sync>(
                 tile_task(k, kv, queries, shape, tile, g, q, ts)
                     .map(|()| write_out(&out, &shape, tile, g, &ts.acc))
             };
-            if let Err(e) = done
-                && let Ok(mut f) = failed.lock()
-            {
-                *f = Some(e);
-            }
+            failed.record(done);
         }
     })?;
-    if let Some(e) = failed.into_inner().ok().flatten() {
-        return Err(e.into());
-    }
-    Ok(())
+    failed.into_result()
 }
 
 /// One task: the query heads of KV head `g` for the rows of `tile`; their normalised
