@@ -227,7 +227,8 @@ fn bench_forward() {
 
 /// Decode at long context: prefill a prompt of 512, then 2,048 tokens, and decode 64 after
 /// each. `cargo test --release -p den-model --test it -- --ignored --nocapture
-/// bench_forward_long_context` (`DEN_BENCH_THREADS`, default 1); beside llama.cpp's
+/// bench_forward_long_context` (`DEN_BENCH_THREADS`, default 1; `DEN_BENCH_MODEL`, a file in
+/// `DEN_TEST_MODELS`, default SmolLM2); beside llama.cpp's
 /// `llama-bench -m FILE -t 1 -fa 1 -p 0 -n 16 -d 512,2048` (see BENCHMARKS.md).
 #[test]
 #[ignore = "a measurement, not a check; run with --release"]
@@ -236,7 +237,8 @@ fn bench_forward_long_context() {
         return;
     };
     let threads = bench_threads(1);
-    let f = open(&dir, SMOL);
+    let file = std::env::var("DEN_BENCH_MODEL").unwrap_or_else(|_| SMOL.to_string());
+    let f = open(&dir, &file);
     let m = Model::load(&f).unwrap();
     let opts = RunnerOptions {
         threads,
@@ -259,7 +261,7 @@ fn bench_forward_long_context() {
         }
         let decode = t.elapsed().as_secs_f64() / 64.0;
         eprintln!(
-            "{SMOL} ({threads} threads) at {context} tokens of context: prefill {:.1} tok/s, decode {:.2} ms/token ({:.1} tok/s)",
+            "{file} ({threads} threads) at {context} tokens of context: prefill {:.1} tok/s, decode {:.2} ms/token ({:.1} tok/s)",
             context as f64 / prefill,
             decode * 1e3,
             1.0 / decode
