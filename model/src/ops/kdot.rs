@@ -23,7 +23,7 @@
 //! formats take: one conversion and FMA per 256 instead of eight.
 //!
 //! Only with [`Q8Rows::per_256`] activations (which the forward pass uses where every
-//! weight reading an input is a K-quant); otherwise the per-32 kernels in `kernels.rs`
+//! weight reading an input is a K-quant); otherwise the per-32 kernels in `kernels/`
 //! run, as before.
 
 #[cfg(target_arch = "x86_64")]
