@@ -241,8 +241,8 @@ fn tiled_attention_matches_f64_and_tiling_changes_no_bit() {
 /// 64 decode rows of 64 sequences at 1,024 tokens of context each, in SmolLM2's row
 /// layout (30 layers: rows 23 KB apart), in one batch of 64 rows (as a worker's step of
 /// 64 decodes takes it): milliseconds per layer, with every row as a tile of the f32 path
-/// ([`AttnPath::F32`]) and as the quantized mode runs them ([`AttnPath::Tiled`]: each
-/// lone row on the one-row path).
+/// ([`AttnPath::F32`]), as the quantized mode runs them ([`AttnPath::Tiled`]: each lone
+/// row on the one-row path) and as a batch under 64 rows would ([`AttnPath::OneRow`]).
 /// `cargo test --release -p den-model --test it -- --ignored --nocapture
 /// bench_tiled_attention_decode_rows`
 #[test]
@@ -281,7 +281,7 @@ fn bench_tiled_attention_decode_rows() {
         pos: ctx - 1,
         seq: &all[i],
     };
-    for path in [AttnPath::F32, AttnPath::Tiled] {
+    for path in [AttnPath::F32, AttnPath::Tiled, AttnPath::OneRow] {
         let shape = AttnShape {
             n_head: nh,
             n_kv: nkv,
