@@ -30,8 +30,8 @@ use cudarc::driver::{
 
 pub use crate::memory::device::{CudaOptions, DEFAULT_STAGING_BYTES, DeviceInfo};
 use crate::memory::{
-    ArenaGeometry, BackendKind, CopyOp, Direction, MemoryError, PageIndex, PageMemory, RowRun,
-    TimingSource, TransferStats, TransferTotals, plan_copies, split_batches,
+    ArenaGeometry, BackendKind, CopyOp, Direction, Gathered, MemoryError, PageIndex, PageMemory,
+    RowRun, TimingSource, TransferStats, TransferTotals, plan_copies, split_batches,
 };
 
 /// Whether the CUDA driver library can be loaded on this host. Never panics.
@@ -72,13 +72,15 @@ pub struct CudaMemory {
     in_flight: Option<InFlight>,
 }
 
-/// An upload whose last batch is still in flight on the stream: what it moves, and the
-/// device time of the batches before it.
+/// An upload whose last batch may still be in flight on the stream: what it moves, and
+/// the device time of the batches before it.
 struct InFlight {
     bytes: u64,
     copies: usize,
     elapsed: Duration,
     t0: Instant,
+    /// A batch was issued and not waited for (none when there was nothing to copy).
+    pending: bool,
 }
 
 impl Drop for CudaMemory {
@@ -187,24 +189,21 @@ impl CudaMemory {
         ptr
     }
 
-    /// Copies `src` into `runs` through the upload staging, a batch at a time. With
-    /// `leave_in_flight` the last batch's copies are issued and not waited for
-    /// ([`PageMemory::start_write`]): `None`, and [`PageMemory::settle`] finishes them.
-    fn upload(
-        &mut self,
-        runs: &[RowRun],
-        src: &[u8],
-        leave_in_flight: bool,
-    ) -> Result<Option<TransferStats>, MemoryError> {
-        let copies = plan_copies(&self.geometry, runs, src.len())?;
+    /// Copies `src` into `runs` through the upload staging, a batch at a time, waiting for
+    /// each batch but the last, which it leaves in flight ([`CudaMemory::complete`] waits).
+    fn upload(&mut self, runs: &[RowRun], src: Gathered<'_>) -> Result<InFlight, MemoryError> {
+        let len = src.len();
+        let copies = plan_copies(&self.geometry, runs, len)?;
         let t0 = Instant::now();
         self.bind()?;
         let base = self.base();
         let mut elapsed = Duration::ZERO;
         let mut issued = 0usize;
-        let batches = split_batches(&copies, self.upload.0.len());
-        let count = batches.len();
-        for (k, batch) in batches.into_iter().enumerate() {
+        let mut pending = false;
+        for batch in split_batches(&copies, self.upload.0.len()) {
+            if pending {
+                elapsed += waited(&self.start, &self.end, "host-to-device copy")?;
+            }
             let Self {
                 upload,
                 start,
@@ -218,13 +217,12 @@ impl CudaMemory {
                 .map_err(|e| driver_error("mapping upload staging", e))?;
             let mut at = 0usize;
             for c in &batch {
-                let (Some(to), Some(from)) = (
-                    staging.get_mut(at..at + c.len),
-                    src.get(c.buffer_offset..c.buffer_offset + c.len),
-                ) else {
-                    return Err(staging_error(c, src.len()));
-                };
-                to.copy_from_slice(from);
+                let filled = staging
+                    .get_mut(at..at + c.len)
+                    .is_some_and(|to| src.copy_to(c.buffer_offset, to));
+                if !filled {
+                    return Err(staging_error(c, len));
+                }
                 at += c.len;
             }
             let staging: &[u8] = staging;
@@ -232,7 +230,7 @@ impl CudaMemory {
             let mut at = 0usize;
             for c in &batch {
                 let Some(from) = staging.get(at..at + c.len) else {
-                    return Err(staging_error(c, src.len()));
+                    return Err(staging_error(c, len));
                 };
                 pieces.push((base + c.arena_offset, from));
                 at += c.len;
@@ -248,24 +246,26 @@ impl CudaMemory {
                 }
                 Ok(())
             })?;
-            if leave_in_flight && k + 1 == count {
-                self.in_flight = Some(InFlight {
-                    bytes: src.len() as u64,
-                    copies: issued,
-                    elapsed,
-                    t0,
-                });
-                return Ok(None);
-            }
-            elapsed += waited(start, end, "host-to-device copy")?;
+            pending = true;
         }
-        Ok(Some(self.finish(
-            Direction::Upload,
-            src.len() as u64,
-            issued,
+        Ok(InFlight {
+            bytes: len as u64,
+            copies: issued,
             elapsed,
             t0,
-        )))
+            pending,
+        })
+    }
+
+    /// Waits for what `upload` left in flight and records the whole upload.
+    fn complete(&mut self, w: InFlight) -> Result<TransferStats, MemoryError> {
+        let last = if w.pending {
+            self.bind()?;
+            waited(&self.start, &self.end, "host-to-device copy")?
+        } else {
+            Duration::ZERO
+        };
+        Ok(self.finish(Direction::Upload, w.bytes, w.copies, w.elapsed + last, w.t0))
     }
 
     fn finish(
@@ -298,33 +298,27 @@ impl PageMemory for CudaMemory {
         self.geometry
     }
 
-    fn write_runs(&mut self, runs: &[RowRun], src: &[u8]) -> Result<TransferStats, MemoryError> {
+    fn write_gathered(
+        &mut self,
+        runs: &[RowRun],
+        src: Gathered<'_>,
+    ) -> Result<TransferStats, MemoryError> {
         self.settle()?;
-        let t0 = Instant::now();
-        match self.upload(runs, src, false)? {
-            Some(stats) => Ok(stats),
-            None => Ok(self.finish(Direction::Upload, 0, 0, Duration::ZERO, t0)),
-        }
+        let w = self.upload(runs, src)?;
+        self.complete(w)
     }
 
-    fn start_write(&mut self, runs: &[RowRun], src: &[u8]) -> Result<(), MemoryError> {
+    fn start_write(&mut self, runs: &[RowRun], src: Gathered<'_>) -> Result<(), MemoryError> {
         self.settle()?;
-        self.upload(runs, src, true).map(|_| ())
+        self.in_flight = Some(self.upload(runs, src)?);
+        Ok(())
     }
 
     fn settle(&mut self) -> Result<Option<TransferStats>, MemoryError> {
-        let Some(w) = self.in_flight.take() else {
-            return Ok(None);
-        };
-        self.bind()?;
-        let last = waited(&self.start, &self.end, "host-to-device copy")?;
-        Ok(Some(self.finish(
-            Direction::Upload,
-            w.bytes,
-            w.copies,
-            w.elapsed + last,
-            w.t0,
-        )))
+        match self.in_flight.take() {
+            Some(w) => self.complete(w).map(Some),
+            None => Ok(None),
+        }
     }
 
     fn read_runs(&mut self, runs: &[RowRun], dst: &mut [u8]) -> Result<TransferStats, MemoryError> {

@@ -4,8 +4,8 @@
 
 pub use crate::memory::device::{CudaOptions, DEFAULT_STAGING_BYTES, DeviceInfo};
 use crate::memory::{
-    ArenaGeometry, BackendKind, MemoryError, PageIndex, PageMemory, RowRun, TransferStats,
-    TransferTotals,
+    ArenaGeometry, BackendKind, Gathered, MemoryError, PageIndex, PageMemory, RowRun,
+    TransferStats, TransferTotals,
 };
 
 fn not_built() -> MemoryError {
@@ -60,7 +60,11 @@ impl PageMemory for CudaMemory {
     fn geometry(&self) -> ArenaGeometry {
         match *self {}
     }
-    fn write_runs(&mut self, _runs: &[RowRun], _src: &[u8]) -> Result<TransferStats, MemoryError> {
+    fn write_gathered(
+        &mut self,
+        _runs: &[RowRun],
+        _src: Gathered<'_>,
+    ) -> Result<TransferStats, MemoryError> {
         match *self {}
     }
     fn read_runs(

@@ -51,7 +51,7 @@ pub mod plan;
 
 pub use cuda::{CudaMemory, CudaOptions, DeviceInfo};
 pub use host::HostMemory;
-pub use plan::{CopyOp, plan_copies, split_batches};
+pub use plan::{CopyOp, Gathered, plan_copies, split_batches};
 
 /// A page number in `0..page_count`, as handed out by the pool.
 pub type PageIndex = u32;
@@ -311,16 +311,25 @@ pub trait PageMemory: Send {
     fn geometry(&self) -> ArenaGeometry;
 
     /// Copies rows from `src` into the arena.
-    fn write_runs(&mut self, runs: &[RowRun], src: &[u8]) -> Result<TransferStats, MemoryError>;
+    fn write_runs(&mut self, runs: &[RowRun], src: &[u8]) -> Result<TransferStats, MemoryError> {
+        self.write_gathered(runs, Gathered(&[src]))
+    }
 
-    /// [`PageMemory::write_runs`] that may return before the rows have landed: GPU memory
-    /// leaves the copies in flight on its own stream, which the model's stream does not
-    /// wait for, so a step computes while a restore uploads. The rows must not be read
-    /// (or their append committed) before [`PageMemory::settle`] returns; every other call
-    /// settles first. One write is in flight at a time: a second one settles the first.
-    /// Host memory writes at once.
-    fn start_write(&mut self, runs: &[RowRun], src: &[u8]) -> Result<(), MemoryError> {
-        self.write_runs(runs, src).map(|_| ())
+    /// [`PageMemory::write_runs`] from a buffer in pieces.
+    fn write_gathered(
+        &mut self,
+        runs: &[RowRun],
+        src: Gathered<'_>,
+    ) -> Result<TransferStats, MemoryError>;
+
+    /// [`PageMemory::write_gathered`] that may return before the rows have landed: GPU
+    /// memory leaves the last copies in flight on its own stream, which the model's stream
+    /// does not wait for, so a step computes while a restore uploads. The rows must not
+    /// be read (or their append committed) before [`PageMemory::settle`] returns; every
+    /// other call settles first. One write is in flight at a time: a second one settles
+    /// the first. Host memory writes at once.
+    fn start_write(&mut self, runs: &[RowRun], src: Gathered<'_>) -> Result<(), MemoryError> {
+        self.write_gathered(runs, src).map(|_| ())
     }
 
     /// Waits for the write [`PageMemory::start_write`] left in flight, if any, and

@@ -15,6 +15,43 @@ pub struct CopyOp {
     pub len: usize,
 }
 
+/// A host buffer in pieces: the rows are the pieces one after another. A restore hands
+/// the chunks it gathered straight from their payloads, so no backend needs a joined copy
+/// (the GPU's staging and the host arena each take the bytes where they lie).
+#[derive(Debug, Clone, Copy)]
+pub struct Gathered<'a>(pub &'a [&'a [u8]]);
+
+impl Gathered<'_> {
+    /// Bytes in all the pieces.
+    pub fn len(&self) -> usize {
+        self.0.iter().map(|p| p.len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Fills `dst` from the bytes at `offset..offset + dst.len()` of the pieces together;
+    /// false, with `dst` partly filled, when that range runs past their end.
+    pub fn copy_to(&self, mut offset: usize, mut dst: &mut [u8]) -> bool {
+        for piece in self.0 {
+            if dst.is_empty() {
+                break;
+            }
+            let Some(from) = piece.get(offset..) else {
+                offset -= piece.len();
+                continue;
+            };
+            let n = from.len().min(dst.len());
+            let (to, rest) = dst.split_at_mut(n);
+            to.copy_from_slice(&from[..n]);
+            dst = rest;
+            offset = 0;
+        }
+        dst.is_empty()
+    }
+}
+
 /// Validates `runs` against the geometry and a host buffer of `buffer_len` bytes and
 /// returns the copies, with neighbours merged when they are contiguous both in the buffer
 /// (always true for consecutive runs) and in the arena (the previous run ends exactly
@@ -113,6 +150,23 @@ pub fn split_batches(copies: &[CopyOp], capacity: usize) -> Vec<Vec<CopyOp>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gathered_ranges_cross_pieces_and_stop_at_the_end() {
+        let (a, b, c): (&[u8], &[u8], &[u8]) = (&[1, 2, 3], &[], &[4, 5, 6, 7]);
+        let g = Gathered(&[a, b, c]);
+        assert_eq!(g.len(), 7);
+        let mut dst = [0u8; 4];
+        assert!(g.copy_to(1, &mut dst));
+        assert_eq!(dst, [2, 3, 4, 5]);
+        let mut dst = [0u8; 2];
+        assert!(g.copy_to(5, &mut dst));
+        assert_eq!(dst, [6, 7]);
+        let mut dst = [0u8; 3];
+        assert!(!g.copy_to(5, &mut dst), "two bytes left, three asked");
+        assert!(g.copy_to(7, &mut []));
+        assert!(!g.copy_to(8, &mut [0]));
+    }
 
     fn g() -> ArenaGeometry {
         ArenaGeometry::new(4, 8, 10).unwrap()

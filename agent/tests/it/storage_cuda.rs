@@ -5,7 +5,8 @@
 use den_agent::engine::SyntheticKv;
 use den_agent::memory::cuda::{self, CudaOptions};
 use den_agent::memory::{
-    ArenaGeometry, CudaMemory, Direction, HostMemory, MemoryError, PageMemory, RowRun, TimingSource,
+    ArenaGeometry, CudaMemory, Direction, Gathered, HostMemory, MemoryError, PageMemory, RowRun,
+    TimingSource,
 };
 use den_protocol::ids::ModelFingerprint;
 
@@ -124,9 +125,10 @@ fn cuda_round_trip_across_non_contiguous_pages() {
 #[ignore = "needs a CUDA GPU: agent/gpu-check runs it"]
 fn cuda_a_write_left_in_flight_lands_before_anything_reads_it() {
     // A small staging buffer (4 rows), so a 40-row write runs as several batches and only
-    // the last is left in flight. `settle` reports the whole write once; a read issued
-    // without settling sees the rows too (it settles first), as does a second started
-    // write, which settles the first before reusing the staging.
+    // the last is left in flight; the rows come in three pieces split mid-row, gathered
+    // into the staging. `settle` reports the whole write once; a read issued without
+    // settling sees the rows too (it settles first), as does a second started write,
+    // which settles the first before reusing the staging.
     let mut m = open_gpu(CudaOptions {
         staging_bytes: 4 * 4096,
     });
@@ -136,7 +138,9 @@ fn cuda_a_write_left_in_flight_lands_before_anything_reads_it() {
     let runs = g.runs_for(&route, 5, 40).unwrap();
     let tokens: Vec<u32> = (0..40).map(|i| 900 + i).collect();
     let rows = kv.rows(5, &tokens, g.row_bytes as usize);
-    m.start_write(&runs, &rows).unwrap();
+    let (a, rest) = rows.split_at(4096 * 3 + 100);
+    let (b, c) = rest.split_at(4096 * 20);
+    m.start_write(&runs, Gathered(&[a, b, c])).unwrap();
     let settled = m.settle().unwrap().expect("the write was in flight");
     assert_eq!(
         (settled.bytes, settled.direction),
@@ -149,8 +153,8 @@ fn cuda_a_write_left_in_flight_lands_before_anything_reads_it() {
 
     let other: Vec<u32> = (0..40).map(|i| 3000 + i).collect();
     let rows2 = kv.rows(5, &other, g.row_bytes as usize);
-    m.start_write(&runs, &rows).unwrap();
-    m.start_write(&runs, &rows2).unwrap();
+    m.start_write(&runs, Gathered(&[&rows])).unwrap();
+    m.start_write(&runs, Gathered(&[&rows2])).unwrap();
     let mut back = vec![0u8; rows2.len()];
     m.read_runs(&runs, &mut back).unwrap();
     kv.verify_rows(5, &other, &back).unwrap();

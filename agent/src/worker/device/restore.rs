@@ -4,9 +4,9 @@
 //! The synthetic engine's chunks, when `verify_restores` asks for it, are written one at
 //! a time as they arrive, each read back and compared with recomputation. Every other
 //! restore's chunks (a real model's are checked by the hash their tier stored, during the
-//! fetch) are gathered instead:
-//! before each step every chunk that arrived since the last write goes into the pages as
-//! one append ([`PageMemory::start_write`]: on a GPU the copies stay in flight on the
+//! fetch) are gathered instead: before each step every chunk that arrived since the last
+//! write goes into the pages as one append, its payloads handed over where they lie
+//! ([`crate::memory::PageMemory::start_write`]: on a GPU the copies stay in flight on the
 //! memory's stream while the step computes on the model's), and after the step the write
 //! is settled and the append committed. A restore of many chunks thus moves in a few large
 //! copies that overlap compute, instead of one small synchronous copy per chunk.
@@ -17,12 +17,11 @@ use std::time::Duration;
 
 use den_protocol::candidate::Tier;
 use den_protocol::chunk::ChunkDescriptor;
-use den_protocol::pool::TokenSlot;
 use den_protocol::worker::{Operation, OperationKind, OperationOutcome, Work};
 
 use super::{Device, DeviceEvent, Mismatch, PendingAppend, Stop, failed, slot_runs, spend};
 use super::{stopped, token_range};
-use crate::memory::{BackendKind, MemoryError, PageMemory};
+use crate::memory::Gathered;
 use crate::worker::fetch::Fetched;
 use crate::worker::store::BadReplica;
 
@@ -197,11 +196,11 @@ impl Device<'_, '_> {
             r.restored,
             count,
         )?;
-        let rows: Vec<(&[u8], usize)> = chunks
-            .iter()
-            .map(|f| (&f.chunk.payload[..], f.descriptor.token_count as usize))
-            .collect();
-        if let Err(e) = write_rows(self.memory.as_mut(), &append.reservation.slots, &rows) {
+        // The payloads as they lie: the memory gathers them (into the GPU's staging, or
+        // straight into host pages), no joined copy.
+        let payloads: Vec<&[u8]> = chunks.iter().map(|f| &f.chunk.payload[..]).collect();
+        let runs = slot_runs(&append.reservation.slots);
+        if let Err(e) = self.memory.start_write(&runs, Gathered(&payloads)) {
             append.abort(pool);
             return Err(e.into());
         }
@@ -322,97 +321,5 @@ impl Device<'_, '_> {
                 Ok(false)
             }
         }
-    }
-}
-
-/// Writes chunks' rows — each `(rows, token count)` — into `slots` (theirs, in order).
-/// Device memory takes them as one upload left in flight ([`PageMemory::start_write`]),
-/// joined into one buffer; host memory copies each chunk straight from its payload
-/// (joining would only add a copy).
-fn write_rows(
-    memory: &mut dyn PageMemory,
-    slots: &[TokenSlot],
-    chunks: &[(&[u8], usize)],
-) -> Result<(), MemoryError> {
-    if let [(one, _)] = chunks {
-        return memory.start_write(&slot_runs(slots), one);
-    }
-    if memory.kind() == BackendKind::Cuda {
-        let mut rows = Vec::with_capacity(chunks.iter().map(|(r, _)| r.len()).sum());
-        for (r, _) in chunks {
-            rows.extend_from_slice(r);
-        }
-        return memory.start_write(&slot_runs(slots), &rows);
-    }
-    let mut rest = slots;
-    for (rows, n) in chunks {
-        let Some((mine, after)) = rest.split_at_checked(*n) else {
-            // The append reserved a slot per row of these chunks, so this cannot happen;
-            // say what did not fit rather than write part of it.
-            let row = rows.len() / (*n).max(1);
-            return Err(MemoryError::BufferSize {
-                expected: (rest.len() * row) as u64,
-                got: rows.len() as u64,
-            });
-        };
-        memory.write_runs(&slot_runs(mine), rows)?;
-        rest = after;
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::memory::{ArenaGeometry, HostMemory, RowRun};
-    use den_protocol::pool::Page;
-
-    fn slot(page: u32, offset: u32) -> TokenSlot {
-        TokenSlot {
-            logical_page: 0,
-            page: Page(page),
-            offset,
-        }
-    }
-
-    #[test]
-    fn chunks_land_in_their_own_slots_in_order() {
-        // 4-row pages of 2-byte rows. Three chunks (3, 2 and 3 rows) over slots that
-        // start mid-page 5, run through page 1 and end on page 9.
-        let mut m = HostMemory::open(ArenaGeometry::new(4, 16, 2).unwrap()).unwrap();
-        let slots: Vec<TokenSlot> = [
-            (5, 1),
-            (5, 2),
-            (5, 3),
-            (1, 0),
-            (1, 1),
-            (1, 2),
-            (1, 3),
-            (9, 0),
-        ]
-        .into_iter()
-        .map(|(p, o)| slot(p, o))
-        .collect();
-        let rows: Vec<u8> = (1..=16).collect();
-        let chunks = [(&rows[..6], 3), (&rows[6..10], 2), (&rows[10..], 3)];
-        write_rows(&mut m, &slots, &chunks).unwrap();
-        let mut back = vec![0u8; rows.len()];
-        m.read_runs(&slot_runs(&slots), &mut back).unwrap();
-        assert_eq!(back, rows);
-        // One chunk goes in whole; slots too few for the rows are an error (the caller
-        // then aborts the append).
-        write_rows(&mut m, &slots[..3], &[(&rows[..6], 3)]).unwrap();
-        let mut first = vec![0u8; 6];
-        m.read_runs(
-            &[RowRun {
-                page: 5,
-                offset: 1,
-                len: 3,
-            }],
-            &mut first,
-        )
-        .unwrap();
-        assert_eq!(first, rows[..6]);
-        assert!(write_rows(&mut m, &slots[..2], &[(&rows[..4], 2), (&rows[4..6], 1)]).is_err());
     }
 }
