@@ -11,7 +11,11 @@
 
 mod tiled;
 
+use tiled::RowTile;
+
+use std::ops::Range;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::ggml_round;
 use super::kernels::{Kernels, prefetch};
@@ -96,54 +100,102 @@ pub fn attention<'s, K: KvPages + Sync>(
     q: &[f32],
     out: &mut [f32],
 ) -> Result<(), AttnError> {
-    if shape.path != AttnPath::OneRow {
-        return tiled::attention(pool, tls, k, kv, rows, queries, shape, q, out);
-    }
     let hd = shape.head_dim;
     let n_kv = shape.n_kv.max(1);
     let group = shape.n_head / n_kv;
     let qdim = shape.n_head * hd;
-    // A task is one query row's heads of a run of KV heads, walked together key by key,
-    // so each key's row is visited once per run rather than once per head (the row layout
-    // puts a key's heads side by side and its next key 23 KB further on for SmolLM2); runs
-    // are as long as the threads allow.
-    let runs = pool.threads().div_ceil(rows.max(1)).clamp(1, n_kv);
-    let per_task = n_kv.div_ceil(runs);
-    let head_len = (group * hd).max(1);
-    // (query row, first KV head, end KV head, its output).
-    let tasks = Mutex::new(
-        out[..rows * qdim]
-            .chunks_mut(qdim)
-            .enumerate()
-            .flat_map(|(i, row)| {
-                row.chunks_mut(per_task * head_len)
-                    .enumerate()
-                    .map(move |(j, part)| {
-                        let g0 = j * per_task;
-                        (i, g0, g0 + part.len() / head_len, part)
-                    })
-            }),
-    );
+    let threads = pool.threads();
+    let one_row = |tile: &RowTile| match shape.path {
+        AttnPath::OneRow => true,
+        AttnPath::Tiled => tile.lone,
+        AttnPath::F32 => false,
+    };
+    let tiles = tiled::row_tiles(rows, queries, n_kv, threads, shape.path == AttnPath::OneRow);
+    // A tile's task takes one KV head. A one-row task takes a run of them, walked together
+    // key by key, so each key's row is visited once per run rather than once per head
+    // (the row layout puts a key's heads side by side and its next key 23 KB further on
+    // for SmolLM2); runs are as long as the threads allow.
+    let run = n_kv.div_ceil(threads.div_ceil(rows.max(1)).clamp(1, n_kv));
+    let tasks: Vec<(RowTile, Range<usize>)> = tiles
+        .iter()
+        .flat_map(|tile| {
+            let step = if one_row(tile) { run } else { 1 };
+            (0..n_kv)
+                .step_by(step)
+                .map(move |g| (*tile, g..(g + step).min(n_kv)))
+        })
+        .collect();
+    let next = AtomicUsize::new(0);
+    let out = Mutex::new(out);
     let failed = Failure::default();
     pool.run(&|thread| {
         let Some(ts) = tls.get(thread) else { return };
         let Ok(mut ts) = ts.lock() else { return };
         let ts = &mut *ts;
-        let heads = per_task * group;
-        ts.head.resize(2 * per_task * hd, 0.0);
-        ts.max.resize(heads, 0.0);
-        ts.sum.resize(heads, 0.0);
-        ts.acc.resize(heads * hd, 0.0);
-        ts.qh.resize(heads * hd, 0.0);
-        loop {
-            let next = tasks.lock().ok().and_then(|mut t| t.next());
-            let Some((i, g0, g1, out)) = next else { break };
-            let query = queries(i);
-            let qs = &q[i * qdim + g0 * group * hd..i * qdim + g1 * group * hd];
-            failed.record(heads_f16(k, kv, &query, shape, g0..g1, group, qs, ts, out));
+        let mut one = Vec::new();
+        while let Some((tile, heads)) = tasks.get(next.fetch_add(1, Ordering::Relaxed)) {
+            let (tile, heads) = (*tile, heads.clone());
+            let done = if one_row(&tile) {
+                let len = heads.len() * group * hd;
+                let at = tile.first * qdim + heads.start * group * hd;
+                one.resize(len, 0.0);
+                grow(ts, heads.len(), group, hd);
+                let query = queries(tile.first);
+                heads_f16(
+                    k,
+                    kv,
+                    &query,
+                    shape,
+                    heads.clone(),
+                    group,
+                    &q[at..at + len],
+                    ts,
+                    &mut one,
+                )
+                .map(|()| write_out(&out, &shape, tile, heads, &one))
+            } else {
+                tiled::tile_task(k, kv, queries, shape, tile, heads.start, q, ts)
+                    .map(|()| write_out(&out, &shape, tile, heads, &ts.acc))
+            };
+            failed.record(done);
         }
     })?;
     failed.into_result()
+}
+
+/// The scratch [`heads_f16`] needs for `kv_heads` KV heads' `group` query heads each.
+fn grow(ts: &mut ThreadScratch, kv_heads: usize, group: usize, hd: usize) {
+    let at_least = |v: &mut Vec<f32>, n: usize| {
+        if v.len() < n {
+            v.resize(n, 0.0);
+        }
+    };
+    let heads = kv_heads * group;
+    at_least(&mut ts.head, 2 * kv_heads * hd);
+    at_least(&mut ts.qh, heads * hd);
+    at_least(&mut ts.acc, heads * hd);
+    at_least(&mut ts.max, heads);
+    at_least(&mut ts.sum, heads);
+}
+
+/// Copies a finished task's rows (`src`, row by row: the query heads of KV heads
+/// `kv_heads`) into their places in `out`.
+fn write_out(
+    out: &Mutex<&mut [f32]>,
+    shape: &AttnShape,
+    tile: RowTile,
+    kv_heads: Range<usize>,
+    src: &[f32],
+) {
+    let hd = shape.head_dim;
+    let group = shape.n_head / shape.n_kv.max(1);
+    let qdim = shape.n_head * hd;
+    let len = kv_heads.len() * group * hd;
+    let Ok(mut out) = out.lock() else { return };
+    for r in 0..tile.len {
+        let at = (tile.first + r) * qdim + kv_heads.start * group * hd;
+        out[at..at + len].copy_from_slice(&src[r * len..(r + 1) * len]);
+    }
 }
 
 /// The first KV error any task of a call met (the call's other tasks run on).
@@ -180,7 +232,7 @@ fn heads_f16<K: KvPages>(
     kv: &K,
     query: &Query<'_>,
     shape: AttnShape,
-    kv_heads: std::ops::Range<usize>,
+    kv_heads: Range<usize>,
     group: usize,
     qs: &[f32],
     ts: &mut ThreadScratch,

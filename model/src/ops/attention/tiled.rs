@@ -8,7 +8,7 @@
 //! second product. Keys a query must not see are masked to -inf, so they add exactly
 //! nothing. A query head's arithmetic depends only on its own position and the absolute
 //! key tiles, never on the rows it shares a task with: how rows fall into tiles (batch
-//! composition, thread count) changes no bit. With [`AttnPath::Tiled`] a sequence with a
+//! composition, thread count) changes no bit. With `AttnPath::Tiled` a sequence with a
 //! single row in the batch (a decode step) is not a tile: it takes the one-row path
 //! (`super::heads_f16`), as it would in a smaller batch.
 //!
@@ -16,15 +16,11 @@
 //! row and scoring by one dot product at a time: 62 tokens/s of prefill at 2,048 tokens
 //! of context on SmolLM2 against llama.cpp's 120 (BENCHMARKS.md).
 
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
-
-use super::{AttnError, AttnPath, AttnShape, Failure, PREFETCH_KEYS, Query, first_visible};
+use super::{AttnShape, PREFETCH_KEYS, Query, first_visible};
 use crate::kv::{KV_ELEM_BYTES, KvError, KvPages};
 use crate::ops::ggml_round;
 use crate::ops::kernels::{Kernels, prefetch};
 use crate::ops::matmul::ThreadScratch;
-use crate::ops::pool::Pool;
 
 /// Key positions per tile (`GGML_FA_TILE_KV`).
 const KV_TILE: usize = 64;
@@ -33,24 +29,27 @@ const Q_TILE: usize = 64;
 
 /// Rows `first..first + len` of the batch: one sequence's.
 #[derive(Debug, Clone, Copy)]
-struct RowTile {
-    first: usize,
-    len: usize,
+pub(super) struct RowTile {
+    pub(super) first: usize,
+    pub(super) len: usize,
     /// The sequence has this one row in the batch (a decode step): with
-    /// [`AttnPath::Tiled`] it takes the one-row path.
-    lone: bool,
+    /// `AttnPath::Tiled` it takes the one-row path.
+    pub(super) lone: bool,
 }
 
 /// The batch's rows cut into tiles: each run of consecutive rows of one sequence in
-/// pieces of at most `size` rows. With several threads and few tasks the tiles shrink so
-/// every thread has work.
-fn row_tiles<'s>(
+/// pieces of at most `size` rows (one with `single`: the one-row path's tasks). With
+/// several threads and few tasks the tiles shrink so every thread has work.
+pub(super) fn row_tiles<'s>(
     rows: usize,
     queries: &(dyn Fn(usize) -> Query<'s> + Sync),
     n_kv: usize,
     threads: usize,
+    single: bool,
 ) -> Vec<RowTile> {
-    let size = if threads > 1 {
+    let size = if single {
+        1
+    } else if threads > 1 {
         (rows * n_kv / (4 * threads)).clamp(8, Q_TILE)
     } else {
         Q_TILE
@@ -79,66 +78,10 @@ fn row_tiles<'s>(
     tiles
 }
 
-/// `out[i] = softmax(q[i] · K) · V` for every row, in tiles (see the module's note).
-#[allow(clippy::too_many_arguments)]
-pub(super) fn attention<'s, K: KvPages + Sync>(
-    pool: &mut Pool,
-    tls: &[Mutex<ThreadScratch>],
-    k: Kernels,
-    kv: &K,
-    rows: usize,
-    queries: &(dyn Fn(usize) -> Query<'s> + Sync),
-    shape: AttnShape,
-    q: &[f32],
-    out: &mut [f32],
-) -> Result<(), AttnError> {
-    let n_kv = shape.n_kv.max(1);
-    let tiles = row_tiles(rows, queries, n_kv, pool.threads());
-    // (tile, KV heads): a tile's heads one by one, but a lone row's all together, so the
-    // one-row path reads each key's row once (64 decode rows at 1,024 tokens: 21 ms a
-    // layer one head a task, 17 ms all heads, `bench_tiled_attention_decode_rows`).
-    let lone_path = |tile: &RowTile| tile.lone && shape.path == AttnPath::Tiled;
-    let tasks: Vec<(RowTile, usize, usize)> = tiles
-        .iter()
-        .flat_map(|tile| {
-            let step = if lone_path(tile) { n_kv } else { 1 };
-            (0..n_kv).step_by(step).map(move |g| (*tile, g, g + step))
-        })
-        .collect();
-    let next = AtomicUsize::new(0);
-    let out = Mutex::new(out);
-    let failed = Failure::default();
-    let group = shape.n_head / n_kv;
-    let (hd, qdim) = (shape.head_dim, shape.n_head * shape.head_dim);
-    pool.run(&|thread| {
-        let Some(ts) = tls.get(thread) else { return };
-        let Ok(mut ts) = ts.lock() else { return };
-        let ts = &mut *ts;
-        let mut lone_out = Vec::new();
-        while let Some(&(tile, g0, g1)) = tasks.get(next.fetch_add(1, Ordering::Relaxed)) {
-            let done = if lone_path(&tile) {
-                let len = (g1 - g0) * group * hd;
-                let at = tile.first * qdim + g0 * group * hd;
-                let qs = &q[at..at + len];
-                lone_out.resize(len, 0.0);
-                grow(ts, g1 - g0, group, hd);
-                let query = queries(tile.first);
-                super::heads_f16(k, kv, &query, shape, g0..g1, group, qs, ts, &mut lone_out)
-                    .map(|()| write_out(&out, &shape, tile, g0..g1, &lone_out))
-            } else {
-                tile_task(k, kv, queries, shape, tile, g0, q, ts)
-                    .map(|()| write_out(&out, &shape, tile, g0..g1, &ts.acc))
-            };
-            failed.record(done);
-        }
-    })?;
-    failed.into_result()
-}
-
 /// One task: the query heads of KV head `g` for the rows of `tile`; their normalised
 /// outputs are left in `ts.acc`, row by row.
 #[allow(clippy::too_many_arguments)]
-fn tile_task<'s, K: KvPages>(
+pub(super) fn tile_task<'s, K: KvPages>(
     k: Kernels,
     kv: &K,
     queries: &(dyn Fn(usize) -> Query<'s> + Sync),
@@ -263,39 +206,4 @@ fn tile_task<'s, K: KvPages>(
         }
     }
     Ok(())
-}
-
-/// The scratch [`super::heads_f16`] needs for one KV head's `group` query heads.
-fn grow(ts: &mut ThreadScratch, kv_heads: usize, group: usize, hd: usize) {
-    let at_least = |v: &mut Vec<f32>, n: usize| {
-        if v.len() < n {
-            v.resize(n, 0.0);
-        }
-    };
-    let heads = kv_heads * group;
-    at_least(&mut ts.head, 2 * kv_heads * hd);
-    at_least(&mut ts.qh, heads * hd);
-    at_least(&mut ts.acc, heads * hd);
-    at_least(&mut ts.max, heads);
-    at_least(&mut ts.sum, heads);
-}
-
-/// Copies a finished task's rows (`src`, row by row: the query heads of KV heads
-/// `kv_heads`) into their places in `out`.
-fn write_out(
-    out: &Mutex<&mut [f32]>,
-    shape: &AttnShape,
-    tile: RowTile,
-    kv_heads: std::ops::Range<usize>,
-    src: &[f32],
-) {
-    let hd = shape.head_dim;
-    let group = shape.n_head / shape.n_kv.max(1);
-    let qdim = shape.n_head * hd;
-    let len = kv_heads.len() * group * hd;
-    let Ok(mut out) = out.lock() else { return };
-    for r in 0..tile.len {
-        let at = (tile.first + r) * qdim + kv_heads.start * group * hd;
-        out[at..at + len].copy_from_slice(&src[r * len..(r + 1) * len]);
-    }
 }
