@@ -19,6 +19,23 @@ fn random(n: usize, rng: &mut Rng) -> Vec<f32> {
         .collect()
 }
 
+/// Writes `k` and `v` (`len × kv_dim` values each, rounded to f16) as layer `layer`'s K
+/// and V of positions `0..len` of `seq`, where the forward pass writes them.
+pub(crate) fn write_kv(host: &mut HostKvPages, layer: usize, seq: &Sequence, k: &[f32], v: &[f32]) {
+    let layout = host.layout();
+    let kvd = layout.kv_dim();
+    let (ko, vo) = (layout.k_offset(layer), layout.v_offset(layer));
+    let ps = host.page_size();
+    for (t, (kt, vt)) in k.chunks_exact(kvd).zip(v.chunks_exact(kvd)).enumerate() {
+        let (p, slot) = seq.locate(t as u32, ps).unwrap();
+        let row = host.row_mut(p, slot).unwrap();
+        for (j, (kx, vx)) in kt.iter().zip(vt).enumerate() {
+            row[ko + 2 * j..ko + 2 * j + 2].copy_from_slice(&f32_to_f16(*kx).to_le_bytes());
+            row[vo + 2 * j..vo + 2 * j + 2].copy_from_slice(&f32_to_f16(*vx).to_le_bytes());
+        }
+    }
+}
+
 struct Fixture {
     layout: KvLayout,
     host: HostKvPages,
@@ -48,20 +65,17 @@ fn fixture(lens: &[u32], nkv: usize, hd: usize, rng: &mut Rng) -> Fixture {
         let mut seq = Sequence::new();
         host.reserve(&mut seq, len).unwrap();
         seq.set_len(len);
-        let mut k = random(len as usize * kvd, rng);
-        let mut v = random(len as usize * kvd, rng);
-        for t in 0..len {
-            let (p, slot) = seq.locate(t, PAGE).unwrap();
-            let row = host.row_mut(p, slot).unwrap();
-            let (ko, vo) = (layout.k_offset(LAYER), layout.v_offset(LAYER));
-            for j in 0..kvd {
-                let i = t as usize * kvd + j;
-                let (kh, vh) = (f32_to_f16(k[i]), f32_to_f16(v[i]));
-                row[ko + 2 * j..ko + 2 * j + 2].copy_from_slice(&kh.to_le_bytes());
-                row[vo + 2 * j..vo + 2 * j + 2].copy_from_slice(&vh.to_le_bytes());
-                (k[i], v[i]) = (f16_to_f32(kh), f16_to_f32(vh));
-            }
-        }
+        // The values as the f16 cache holds them, so the reference sees what attention reads.
+        let f16 = |x: f32| f16_to_f32(f32_to_f16(x));
+        let k: Vec<f32> = random(len as usize * kvd, rng)
+            .into_iter()
+            .map(f16)
+            .collect();
+        let v: Vec<f32> = random(len as usize * kvd, rng)
+            .into_iter()
+            .map(f16)
+            .collect();
+        write_kv(&mut host, LAYER, &seq, &k, &v);
         seqs.push(seq);
         ks.push(k);
         vs.push(v);
@@ -257,20 +271,13 @@ fn bench_tiled_attention_decode_rows() {
     let mut host = HostKvPages::new(layout, PAGE, seqs as u32 * ctx.div_ceil(PAGE)).unwrap();
     let mut rng = Rng::new(5);
     let (ko, vo) = (layout.k_offset(LAYER), layout.v_offset(LAYER));
-    let bytes: Vec<u8> = (0..nkv * hd)
-        .flat_map(|_| f32_to_f16(random(1, &mut rng)[0]).to_le_bytes())
-        .collect();
+    let kv = random(ctx as usize * nkv * hd, &mut rng);
     let mut all = Vec::new();
     for _ in 0..seqs {
         let mut seq = Sequence::new();
         host.reserve(&mut seq, ctx).unwrap();
         seq.set_len(ctx);
-        for t in 0..ctx {
-            let (p, slot) = seq.locate(t, PAGE).unwrap();
-            let row = host.row_mut(p, slot).unwrap();
-            row[ko..ko + bytes.len()].copy_from_slice(&bytes);
-            row[vo..vo + bytes.len()].copy_from_slice(&bytes);
-        }
+        write_kv(&mut host, LAYER, &seq, &kv, &kv);
         all.push(seq);
     }
     let q = random(seqs * nh * hd, &mut rng);

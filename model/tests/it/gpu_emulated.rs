@@ -14,7 +14,7 @@ use std::sync::{Mutex, OnceLock};
 
 use den_model::gguf::GgufFile;
 use den_model::gpu_plan::{self, Arg, BatchTable, Buffer, HostData, PassShape, Step};
-use den_model::kv::{HostKvPages, KvLayout, KvPages, Sequence};
+use den_model::kv::{HostKvPages, KvLayout, Sequence};
 use den_model::ops::attention::{AttnPath, AttnShape, Query, attention};
 use den_model::ops::ggml_round::glu;
 use den_model::ops::math::{Activation, RopeStyle, rms_norm, rms_norm_in_place, rope, rope_table};
@@ -24,6 +24,7 @@ use den_model::ops::{Kernels, f32_to_f16};
 use den_model::quant::f16_to_f32;
 use den_model::{BatchRow, Model, Runner, RunnerOptions};
 
+use crate::attention::write_kv;
 use crate::forward::{Rng, build, rel_err as rel, tiny_gemma, tiny_llama, top};
 
 /// The emulator, built once per test process (`None`: no C++ compiler here).
@@ -385,16 +386,7 @@ fn emulated_paged_attention_writes_the_cpu_row_layout_and_attends_as_the_cpu_doe
         };
         let mut host = HostKvPages::new(layout, page, pages.len() as u32).unwrap();
         let seq = Sequence::with_pages(pages.clone(), len);
-        for t in 0..len {
-            let (p, slot) = seq.locate(t, page).unwrap();
-            let row = host.row_mut(p, slot).unwrap();
-            let (ko, vo) = (layout.k_offset(layer), layout.v_offset(layer));
-            for j in 0..kvd {
-                let i = t as usize * kvd + j;
-                row[ko + 2 * j..ko + 2 * j + 2].copy_from_slice(&f32_to_f16(k[i]).to_le_bytes());
-                row[vo + 2 * j..vo + 2 * j + 2].copy_from_slice(&f32_to_f16(v[i]).to_le_bytes());
-            }
-        }
+        write_kv(&mut host, layer, &seq, &k, &v);
         let arena_bytes = host.bytes().len();
         assert_eq!(out.len(), arena_bytes + qpos.len() * nh * hd * 2);
         assert!(
