@@ -10,7 +10,8 @@
 //! real models' shapes (logits within tolerance, teacher-forced greedy tokens equal where
 //! the CPU's top two differ clearly) and on a real model file (`DEN_GPU_MODEL`, default
 //! SmolLM2 from `DEN_TEST_MODELS`: teacher-forced greedy tokens equal on clear steps, and
-//! how far the free-running continuations agree, printed), and the throughput bench (`DEN_GPU_REPORT` names a JSON file for the figures).
+//! how far the free-running continuations agree, printed), and the throughput bench
+//! (`DEN_GPU_REPORT` names a JSON file for the figures).
 
 use std::time::Instant;
 

@@ -47,9 +47,9 @@ pub enum AttnPath {
     /// llama.cpp's tiled f32 path (`tiled.rs`), which it runs from 64 query rows on; but a
     /// sequence with a single row in the batch (a decode step) still takes the one-row
     /// path. So a decode step's numerics never depend on what it is batched with, and a
-    /// lone row is not paid for as a tile (measured: 64 decode rows at 1,024 tokens of
-    /// context, 32–40 ms a layer as tiles against 17–18 ms, `bench_tiled_attention_
-    /// decode_rows`). A golden check cannot tell: llama.cpp batches one sequence.
+    /// lone row is not paid for as a tile (64 decode rows at 1,024 tokens of context cost
+    /// about 2× as tiles, `bench_tiled_attention_decode_rows`). A golden check cannot
+    /// tell: llama.cpp batches one sequence.
     Tiled,
     /// f32 throughout in tiles, every row (den's exact mode, the reference).
     F32,
