@@ -55,7 +55,7 @@ pub enum AttnPath {
     F32,
 }
 
-/// How many keys ahead the one-row path asks for a key's K and V runs.
+/// How many keys ahead attention asks for a key's K and V ([`prefetch_ahead`]).
 const PREFETCH_KEYS: u32 = 8;
 
 /// The batch size (query rows) from which llama.cpp's CPU flash attention takes its
@@ -252,15 +252,7 @@ fn heads_f16<K: KvPages>(
     ts.sum[..heads].fill(0.0);
     ts.acc[..heads * hd].fill(0.0);
     for t in first_visible(query.pos, shape.window)..=query.pos {
-        if let Some(r) = query
-            .seq
-            .locate(t + PREFETCH_KEYS, ps)
-            .filter(|_| t + PREFETCH_KEYS <= query.pos)
-            .and_then(|(page, slot)| kv.row(page, slot))
-        {
-            prefetch(r.get(k_at..k_at + run_bytes).unwrap_or_default());
-            prefetch(r.get(v_at..v_at + run_bytes).unwrap_or_default());
-        }
+        prefetch_ahead(kv, query.seq, t, query.pos, [k_at, v_at], run_bytes);
         let (page, slot) = query.seq.locate_or_err(t, ps)?;
         let r = kv.row(page, slot).ok_or(KvError::NoRow { page, slot })?;
         let size = || KvError::RowSize {
@@ -292,6 +284,31 @@ fn heads_f16<K: KvPages>(
     }
     normalise(ts, heads, hd, out);
     Ok(())
+}
+
+/// Asks for the K and V bytes (`len` from each of `at`) of the key [`PREFETCH_KEYS`] after
+/// `t`, if it is at most `last`: keys lie a row apart (23 KB for SmolLM2), a stride the
+/// hardware prefetchers do not follow.
+fn prefetch_ahead<K: KvPages>(
+    kv: &K,
+    seq: &Sequence,
+    t: u32,
+    last: u32,
+    at: [usize; 2],
+    len: usize,
+) {
+    let ahead = t + PREFETCH_KEYS;
+    if ahead > last {
+        return;
+    }
+    if let Some(r) = seq
+        .locate(ahead, kv.page_size())
+        .and_then(|(page, slot)| kv.row(page, slot))
+    {
+        for a in at {
+            prefetch(r.get(a..a + len).unwrap_or_default());
+        }
+    }
 }
 
 /// `out = acc / sum` per head.

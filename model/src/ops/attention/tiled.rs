@@ -16,10 +16,10 @@
 //! row and scoring by one dot product at a time: 62 tokens/s of prefill at 2,048 tokens
 //! of context on SmolLM2 against llama.cpp's 120 (BENCHMARKS.md).
 
-use super::{AttnShape, PREFETCH_KEYS, Query, first_visible};
+use super::{AttnShape, Query, first_visible, prefetch_ahead};
 use crate::kv::{KV_ELEM_BYTES, KvError, KvPages};
 use crate::ops::ggml_round;
-use crate::ops::kernels::{Kernels, prefetch};
+use crate::ops::kernels::Kernels;
 use crate::ops::matmul::ThreadScratch;
 
 /// Key positions per tile (`GGML_FA_TILE_KV`).
@@ -137,15 +137,7 @@ pub(super) fn tile_task<'s, K: KvPages>(
             v_buf[kt * hd..].fill(0.0);
         }
         for tk in 0..kt {
-            let ahead = (c0 + tk) as u32 + PREFETCH_KEYS;
-            if ahead <= hi
-                && let Some(r) = seq
-                    .locate(ahead, ps)
-                    .and_then(|(page, slot)| kv.row(page, slot))
-            {
-                prefetch(r.get(k_at..k_at + head_bytes).unwrap_or_default());
-                prefetch(r.get(v_at..v_at + head_bytes).unwrap_or_default());
-            }
+            prefetch_ahead(kv, seq, (c0 + tk) as u32, hi, [k_at, v_at], head_bytes);
             let (page, slot) = seq.locate_or_err((c0 + tk) as u32, ps)?;
             let row = kv.row(page, slot).ok_or(KvError::NoRow { page, slot })?;
             let size = || KvError::RowSize {
