@@ -112,7 +112,7 @@ fn prompts(file: &str) -> Vec<Vec<u32>> {
 /// Gemma 3's logits after a prefix prefilled whole against the same prefix prefilled then
 /// decoded: llama.cpp's Q4_K GEMM (rows in whole groups of 4) and its tiled Q6_K matmul
 /// (from 8 rows) add in other orders than its one-row kernels, den mirrors them
-/// (`model/src/ops/kdot.rs`), so a row's value depends on its batch, and Gemma 3 amplifies
+/// (`model/src/ops/kdot/`), so a row's value depends on its batch, and Gemma 3 amplifies
 /// those last-bit differences through its 18 layers (measured up to 4.6e-2 here).
 const GEMMA_BATCH_TOL: f32 = 0.1;
 

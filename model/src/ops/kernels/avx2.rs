@@ -6,6 +6,8 @@ use std::arch::x86_64::*;
 use super::{Half, Q8Rows, QK, Unpacked};
 use crate::ggml_type::GgmlType;
 
+mod vnni_tile;
+
 struct F16cHalf;
 
 impl Half for F16cHalf {
@@ -324,6 +326,17 @@ trait Decoder {
     /// # Safety
     /// As [`Decoder::decode`].
     unsafe fn one(b: *const u8) -> Dec;
+    /// What [`Decoder::biased`] adds to every quant.
+    const BIAS: u8 = 0;
+    /// [`Decoder::one`] with [`Decoder::BIAS`] added to every quant, so that signed
+    /// quants enter VNNI's unsigned × signed product as they are (`vnni_tile`).
+    ///
+    /// # Safety
+    /// As [`Decoder::decode`].
+    unsafe fn biased(b: *const u8) -> Dec {
+        // SAFETY: the same contract; unsigned quants need no bias.
+        unsafe { Self::one(b) }
+    }
 }
 
 /// # Safety
@@ -351,6 +364,16 @@ impl Decoder for DQ8_0 {
             }
         }
     }
+    const BIAS: u8 = 128;
+    #[inline(always)]
+    unsafe fn biased(b: *const u8) -> Dec {
+        // SAFETY: as `one`; q + 128 is q's bits with the top one flipped.
+        unsafe {
+            let mut d = Self::one(b);
+            d.q = _mm256_xor_si256(d.q, _mm256_set1_epi8(i8::MIN));
+            d
+        }
+    }
 }
 
 struct DQ4_0;
@@ -364,6 +387,19 @@ impl Decoder for DQ4_0 {
         unsafe {
             Dec {
                 q: _mm256_sub_epi8(nibbles(b.add(2)), _mm256_set1_epi8(8)),
+                d: h_at(b),
+                m: 0.0,
+                sc: _mm256_set1_epi16(1),
+            }
+        }
+    }
+    const BIAS: u8 = 8;
+    #[inline(always)]
+    unsafe fn biased(b: *const u8) -> Dec {
+        // SAFETY: as `one`; the nibbles are q + 8.
+        unsafe {
+            Dec {
+                q: nibbles(b.add(2)),
                 d: h_at(b),
                 m: 0.0,
                 sc: _mm256_set1_epi16(1),
@@ -403,6 +439,21 @@ impl Decoder for DQ5_0 {
         unsafe {
             let qh = u32::from_le_bytes([*b.add(2), *b.add(3), *b.add(4), *b.add(5)]);
             let hi = _mm256_andnot_si256(bytes_from_bits(qh), _mm256_set1_epi8(0xf0u8 as i8));
+            Dec {
+                q: _mm256_or_si256(nibbles(b.add(6)), hi),
+                d: h_at(b),
+                m: 0.0,
+                sc: _mm256_set1_epi16(1),
+            }
+        }
+    }
+    const BIAS: u8 = 16;
+    #[inline(always)]
+    unsafe fn biased(b: *const u8) -> Dec {
+        // SAFETY: as `one`; q + 16 is the nibble with the fifth bit as 16.
+        unsafe {
+            let qh = u32::from_le_bytes([*b.add(2), *b.add(3), *b.add(4), *b.add(5)]);
+            let hi = _mm256_and_si256(bytes_from_bits(qh), _mm256_set1_epi8(0x10));
             Dec {
                 q: _mm256_or_si256(nibbles(b.add(6)), hi),
                 d: h_at(b),
@@ -662,7 +713,8 @@ unsafe fn matrix_of<D: Decoder, const VNNI: bool>(
             let mut ws = w.chunks_exact(row_bytes);
             let mut outs = out.chunks_exact_mut(4);
             let whole = (w.len() / row_bytes) / 4;
-            for _ in 0..whole {
+            for g in 0..whole {
+                super::prefetch_weights(w, g * 4 * row_bytes, 4 * row_bytes);
                 let (Some(a), Some(b), Some(c), Some(d), Some(o)) =
                     (ws.next(), ws.next(), ws.next(), ws.next(), outs.next())
                 else {
@@ -671,16 +723,37 @@ unsafe fn matrix_of<D: Decoder, const VNNI: bool>(
                 fused_wide::<D, 4, VNNI>([a, b, c, d], x, 0, o);
             }
             let done = whole * 4;
-            for (wr, o) in ws.zip(out[done..].chunks_exact_mut(1)) {
+            for (i, (wr, o)) in ws.zip(out[done..].chunks_exact_mut(1)).enumerate() {
+                super::prefetch_weights(w, (done + i) * row_bytes, row_bytes);
                 fused::<D, 1, VNNI>(wr, x, 0, o);
             }
             return true;
         }
-        for (wr, out) in w
+        // With VNNI, whole tiles of four weight rows by four activation rows first
+        // (`vnni_tile`: the same bits as `fused`); what is left row by row.
+        let tiled_w = if VNNI && D::SUB == 1 && rows >= vnni_tile::TILE {
+            (w.len() / row_bytes) / vnni_tile::TILE * vnni_tile::TILE
+        } else {
+            0
+        };
+        let tiled_x = rows / vnni_tile::TILE * vnni_tile::TILE;
+        for j in (0..tiled_w).step_by(vnni_tile::TILE) {
+            super::prefetch_weights(w, j * row_bytes, vnni_tile::TILE * row_bytes);
+            let ws: [&[u8]; vnni_tile::TILE] =
+                std::array::from_fn(|m| &w[(j + m) * row_bytes..(j + m + 1) * row_bytes]);
+            for r in (0..tiled_x).step_by(vnni_tile::TILE) {
+                vnni_tile::tile::<D>(ws, x, r, rows, &mut out[j * rows..]);
+            }
+        }
+        for (j, (wr, out)) in w
             .chunks_exact(row_bytes)
             .zip(out.chunks_exact_mut(rows.max(1)))
+            .enumerate()
         {
-            let mut r = 0;
+            let mut r = if j < tiled_w { tiled_x } else { 0 };
+            if r < rows {
+                super::prefetch_weights(w, j * row_bytes, row_bytes);
+            }
             while r + 4 <= rows {
                 fused::<D, 4, VNNI>(wr, x, r, out);
                 r += 4;
@@ -711,7 +784,11 @@ unsafe fn dot_matrix_body<const VNNI: bool>(
     // SAFETY: the caller's contract.
     unsafe {
         if x.per_256 && matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) {
-            return super::super::kdot::avx2::matrix(ty, w, row_bytes, x, rows, out);
+            return if VNNI {
+                super::super::kdot::avx2::matrix_vnni(ty, w, row_bytes, x, rows, out)
+            } else {
+                super::super::kdot::avx2::matrix(ty, w, row_bytes, x, rows, out)
+            };
         }
         match ty {
             GgmlType::Q8_0 => matrix_of::<DQ8_0, VNNI>(w, row_bytes, x, rows, out),

@@ -1,7 +1,7 @@
 use super::*;
 use crate::quant::dequantize;
 
-/// xorshift64, for the kernel tests here and in `kdot.rs`.
+/// xorshift64, for the kernel tests here and in `kdot/`.
 pub(in crate::ops) struct Rng(pub(in crate::ops) u64);
 impl Rng {
     pub(in crate::ops) fn next(&mut self) -> u64 {

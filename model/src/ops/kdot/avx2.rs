@@ -1,0 +1,534 @@
+//! The x86 kernels (AVX2, FMA, F16C; with AVX-512 VNNI where the caller has it).
+
+use std::arch::x86_64::*;
+
+use super::super::kernels::{Q8Rows, prefetch_weights, scale_min_k4};
+use crate::ggml_type::{GgmlType, QK_K};
+
+/// Activation rows from which llama.cpp's tiled K-quant matmul takes over from
+/// `vec_dot` (`ggml_tiled_min_batch`).
+const TILED_FROM_ROWS: usize = 8;
+
+/// # Safety
+/// `p` valid for 2 bytes; F16C.
+#[inline(always)]
+unsafe fn h(p: *const u8) -> f32 {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let bits = i32::from(u16::from_le_bytes([*p, *p.add(1)]));
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits)))
+    }
+}
+
+/// # Safety
+/// `p` valid for 32 bytes; AVX2.
+#[inline(always)]
+unsafe fn load(p: *const u8) -> __m256i {
+    // SAFETY: the caller's contract; unaligned load.
+    unsafe { _mm256_loadu_si256(p.cast::<__m256i>()) }
+}
+
+#[inline(always)]
+unsafe fn hsum_i32(v: __m256i) -> i32 {
+    // SAFETY: register-only intrinsics; AVX2 by the callers' target features.
+    unsafe {
+        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+        _mm_cvtsi128_si32(s)
+    }
+}
+
+/// ggml's `hsum_float_8`: the halves added, then (x0 + x2) + (x1 + x3).
+#[inline(always)]
+unsafe fn hsum_ps(v: __m256) -> f32 {
+    // SAFETY: register-only intrinsics; AVX by the callers' target features.
+    unsafe {
+        let s = _mm_add_ps(_mm256_extractf128_ps::<1>(v), _mm256_castps256_ps128(v));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        _mm_cvtss_f32(s)
+    }
+}
+
+/// Row starts of `NR` activation rows from `r0`: quants, the per-32 scales (constant
+/// within each 256) and the sums of 16.
+#[inline(always)]
+unsafe fn rows<const NR: usize>(
+    x: &Q8Rows,
+    r0: usize,
+) -> ([*const u8; NR], [*const f32; NR], [*const i16; NR]) {
+    let n = x.n;
+    // SAFETY: the caller checked `x` holds rows r0..r0 + NR.
+    unsafe {
+        (
+            std::array::from_fn(|r| x.q.as_ptr().add((r0 + r) * n).cast::<u8>()),
+            std::array::from_fn(|r| x.d.as_ptr().add((r0 + r) * (n / 32))),
+            std::array::from_fn(|r| x.bs.as_ptr().add((r0 + r) * (n / 16))),
+        )
+    }
+}
+
+/// # Safety
+/// AVX2, FMA, F16C; `w` a whole Q4_K row of `x.n`; `x` holds rows r0..r0 + NR.
+///
+/// `PER_64`: one FMA per two sub-blocks (64 elements) instead of one per 256, as
+/// llama.cpp's GEMM adds for the activation rows in whole groups of 4; the rows after
+/// the last whole group go through its GEMV, one FMA per 256.
+#[inline(always)]
+unsafe fn q4k<const NR: usize, const PER_64: bool>(
+    w: &[u8],
+    x: &Q8Rows,
+    r0: usize,
+    out: &mut [f32],
+) {
+    // SAFETY: the caller's contract; every offset below stays inside a 144-byte block
+    // of `w` or a 256-element block of a row of `x`.
+    unsafe {
+        let (xq, xd, xb) = rows::<NR>(x, r0);
+        let (mut acc, mut accm) = ([0.0f32; NR], [0.0f32; NR]);
+        let m4 = _mm256_set1_epi8(0x0f);
+        for b in 0..x.n / QK_K {
+            let p = w.as_ptr().add(b * 144);
+            let (dd, dmin) = (h(p), h(p.add(2)));
+            let scales = &*p.add(4).cast::<[u8; 12]>();
+            let mut sc = [_mm256_setzero_si256(); 8];
+            let mut mn = [0i32; 8];
+            for j in 0..8 {
+                let (s, m) = scale_min_k4(j, scales);
+                sc[j] = _mm256_set1_epi16(i16::from(s));
+                mn[j] = i32::from(m);
+            }
+            // Σ m_j × Σx over sub-blocks j0..j1 of row r.
+            let mins = |r: usize, j0: usize, j1: usize| {
+                let bs = xb[r].add(b * 16);
+                let sum = |j: usize| i32::from(*bs.add(2 * j)) + i32::from(*bs.add(2 * j + 1));
+                (j0..j1)
+                    .zip(&mn[j0..j1])
+                    .map(|(j, m)| m * sum(j))
+                    .sum::<i32>()
+            };
+            let xds: [f32; NR] = std::array::from_fn(|r| *xd[r].add(b * 8));
+            let mut ia = [_mm256_setzero_si256(); NR];
+            for c in 0..4 {
+                let raw = load(p.add(16 + 32 * c));
+                let lo = _mm256_and_si256(raw, m4);
+                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), m4);
+                for r in 0..NR {
+                    let x0 = load(xq[r].add(b * QK_K + 64 * c));
+                    let x1 = load(xq[r].add(b * QK_K + 64 * c + 32));
+                    let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x0), sc[2 * c]);
+                    let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x1), sc[2 * c + 1]);
+                    ia[r] = _mm256_add_epi32(ia[r], _mm256_add_epi32(p0, p1));
+                }
+                if PER_64 {
+                    for r in 0..NR {
+                        let i = hsum_i32(ia[r]);
+                        ia[r] = _mm256_setzero_si256();
+                        acc[r] = (i as f32).mul_add(dd * xds[r], acc[r]);
+                        let m = mins(r, 2 * c, 2 * c + 2);
+                        accm[r] = (m as f32).mul_add(dmin * xds[r], accm[r]);
+                    }
+                }
+            }
+            if !PER_64 {
+                for r in 0..NR {
+                    acc[r] = (hsum_i32(ia[r]) as f32).mul_add(dd * xds[r], acc[r]);
+                    accm[r] = (mins(r, 0, 8) as f32).mul_add(dmin * xds[r], accm[r]);
+                }
+            }
+        }
+        for r in 0..NR {
+            out[r0 + r] = acc[r] - accm[r];
+        }
+    }
+}
+
+/// The 8 scales and 8 mins of a Q4_K block (`scale_min_k4` for j = 0..8), as
+/// llama.cpp unpacks them: with shifts and masks over three words, not per j.
+#[inline(always)]
+fn scales_mins_k4(s: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
+    const KMASK1: u32 = 0x3f3f_3f3f;
+    const KMASK2: u32 = 0x0f0f_0f0f;
+    const KMASK3: u32 = 0x0303_0303;
+    let w = |i: usize| u32::from_le_bytes([s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]]);
+    let (u0, u1, u2) = (w(0), w(1), w(2));
+    let sc_hi = (u2 & KMASK2) | (((u0 >> 6) & KMASK3) << 4);
+    let mn_hi = ((u2 >> 4) & KMASK2) | (((u1 >> 6) & KMASK3) << 4);
+    let join = |a: u32, b: u32| {
+        let (a, b) = (a.to_le_bytes(), b.to_le_bytes());
+        [a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]]
+    };
+    (join(u0 & KMASK1, sc_hi), join(u1 & KMASK1, mn_hi))
+}
+
+/// `[Σa, Σb, Σc, Σd]` of four registers of eight i32 lanes: integer sums, so the
+/// same values as [`hsum_i32`] of each, in five instructions instead of twenty.
+#[inline(always)]
+unsafe fn hsum4_i32(a: __m256i, b: __m256i, c: __m256i, d: __m256i) -> __m128i {
+    // SAFETY: register-only intrinsics; AVX2 by the callers' target features.
+    unsafe {
+        let t = _mm256_hadd_epi32(_mm256_hadd_epi32(a, b), _mm256_hadd_epi32(c, d));
+        _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256::<1>(t))
+    }
+}
+
+/// [`q4k`] for four activation rows in llama.cpp's GEMM order (`PER_64`), the rows
+/// in the lanes of one register: the same integers, FMAs and bits per row, with the
+/// horizontal sums, scales and mins done for the four rows at once (they were two
+/// thirds of the instructions of a block).
+///
+/// # Safety
+/// As [`q4k`], with `x` holding rows r0..r0 + 4.
+#[inline(always)]
+unsafe fn q4k_four<const VNNI: bool>(w: &[u8], x: &Q8Rows, r0: usize, out: &mut [f32]) {
+    // SAFETY: the caller's contract; every offset below stays inside a 144-byte block
+    // of `w`, a 256-element block of a row of `x`, or `out[r0..r0 + 4]` (checked).
+    // No closures over intrinsics: they would not inherit the target features.
+    unsafe {
+        let (xq, xd, xb) = rows::<4>(x, r0);
+        let (mut acc, mut accm) = (_mm_setzero_ps(), _mm_setzero_ps());
+        let m4 = _mm256_set1_epi8(0x0f);
+        // Byte pairs (2j, 2j + 1) in every i16: broadcasts i16 lane j of a register.
+        let mut pick = [_mm256_setzero_si256(); 8];
+        for (j, p) in pick.iter_mut().enumerate() {
+            let j = j as i16;
+            *p = _mm256_set1_epi16((2 * j) | ((2 * j + 1) << 8));
+        }
+        // Each min twice, to meet the sums of 16 in pairs.
+        let twice = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+        for b in 0..x.n / QK_K {
+            let p = w.as_ptr().add(b * 144);
+            let (dd, dmin) = (h(p), h(p.add(2)));
+            let (scales, mins) = scales_mins_k4(&*p.add(4).cast::<[u8; 12]>());
+            let sc16 = _mm256_cvtepu8_epi16(_mm_loadl_epi64(scales.as_ptr().cast()));
+            let sc16 = _mm256_permute2x128_si256::<0x00>(sc16, sc16);
+            let mn = _mm_loadl_epi64(mins.as_ptr().cast());
+            let mn16 = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(mn, twice));
+            // Lane j of row r: m_j × (Σx of the j-th 32), the integers of `q4k`'s `mins`.
+            let mut mr = [_mm256_setzero_si256(); 4];
+            for (r, m) in mr.iter_mut().enumerate() {
+                *m = _mm256_madd_epi16(load(xb[r].add(b * 16).cast()), mn16);
+            }
+            // Per 128 bits, (row, pair of 32s): [r0 c0, r0 c1, r1 c0, r1 c1] below,
+            // c2 and c3 above; likewise rows 2 and 3.
+            let h01 = _mm256_hadd_epi32(mr[0], mr[1]);
+            let h23 = _mm256_hadd_epi32(mr[2], mr[3]);
+            let (l01, l23) = (
+                _mm_castsi128_ps(_mm256_castsi256_si128(h01)),
+                _mm_castsi128_ps(_mm256_castsi256_si128(h23)),
+            );
+            let (u01, u23) = (
+                _mm_castsi128_ps(_mm256_extracti128_si256::<1>(h01)),
+                _mm_castsi128_ps(_mm256_extracti128_si256::<1>(h23)),
+            );
+            // The four rows' mins of each pair c, one row a lane.
+            let mins4 = [
+                _mm_shuffle_ps::<0b10_00_10_00>(l01, l23),
+                _mm_shuffle_ps::<0b11_01_11_01>(l01, l23),
+                _mm_shuffle_ps::<0b10_00_10_00>(u01, u23),
+                _mm_shuffle_ps::<0b11_01_11_01>(u01, u23),
+            ];
+            let xds = _mm_setr_ps(
+                *xd[0].add(b * 8),
+                *xd[1].add(b * 8),
+                *xd[2].add(b * 8),
+                *xd[3].add(b * 8),
+            );
+            let sd = _mm_mul_ps(_mm_set1_ps(dd), xds);
+            let sm = _mm_mul_ps(_mm_set1_ps(dmin), xds);
+            for (c, mins) in mins4.into_iter().enumerate() {
+                let raw = load(p.add(16 + 32 * c));
+                let lo = _mm256_and_si256(raw, m4);
+                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), m4);
+                let s0 = _mm256_shuffle_epi8(sc16, pick[2 * c]);
+                let s1 = _mm256_shuffle_epi8(sc16, pick[2 * c + 1]);
+                let mut ia = [_mm256_setzero_si256(); 4];
+                for (r, i) in ia.iter_mut().enumerate() {
+                    let x0 = load(xq[r].add(b * QK_K + 64 * c));
+                    let x1 = load(xq[r].add(b * QK_K + 64 * c + 32));
+                    let (u0, u1) = (_mm256_maddubs_epi16(lo, x0), _mm256_maddubs_epi16(hi, x1));
+                    *i = if VNNI {
+                        _mm256_dpwssd_epi32(_mm256_madd_epi16(u0, s0), u1, s1)
+                    } else {
+                        _mm256_add_epi32(_mm256_madd_epi16(u0, s0), _mm256_madd_epi16(u1, s1))
+                    };
+                }
+                let i4 = hsum4_i32(ia[0], ia[1], ia[2], ia[3]);
+                acc = _mm_fmadd_ps(_mm_cvtepi32_ps(i4), sd, acc);
+                accm = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_castps_si128(mins)), sm, accm);
+            }
+        }
+        let dst = &mut out[r0..r0 + 4];
+        _mm_storeu_ps(dst.as_mut_ptr(), _mm_sub_ps(acc, accm));
+    }
+}
+
+/// # Safety
+/// As [`q4k`], for Q6_K.
+///
+/// `TILED`: as llama.cpp's tiled K-quant matmul (`ggml-cpu/tiled`, taken from 8
+/// activation rows on): per 256 the whole integer, times `d_w`, added by FMA with
+/// `d_x` (GCC contracts its multiply and add); otherwise as its `vec_dot` (lanes).
+#[inline(always)]
+unsafe fn q6k<const NR: usize, const TILED: bool>(
+    w: &[u8],
+    x: &Q8Rows,
+    r0: usize,
+    out: &mut [f32],
+) {
+    // SAFETY: as in `q4k`, with 210-byte blocks.
+    unsafe {
+        let (xq, xd, xb) = rows::<NR>(x, r0);
+        let mut acc = [_mm256_setzero_ps(); NR];
+        let mut tacc = [0.0f32; NR];
+        let m4 = _mm256_set1_epi8(0x0f);
+        let m3 = _mm256_set1_epi8(3);
+        for b in 0..x.n / QK_K {
+            let p = w.as_ptr().add(b * 210);
+            let d = h(p.add(208));
+            let sp = p.add(192).cast::<i8>();
+            let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(sp.cast::<__m128i>()));
+            let mut si = [_mm256_setzero_si256(); NR];
+            for half in 0..2 {
+                let ql0 = load(p.add(64 * half));
+                let ql1 = load(p.add(64 * half + 32));
+                let qh = load(p.add(128 + 32 * half));
+                let qs = [
+                    _mm256_or_si256(
+                        _mm256_and_si256(ql0, m4),
+                        _mm256_slli_epi16::<4>(_mm256_and_si256(qh, m3)),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(ql1, m4),
+                        _mm256_slli_epi16::<2>(_mm256_and_si256(qh, _mm256_set1_epi8(12))),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
+                        _mm256_and_si256(qh, _mm256_set1_epi8(48)),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
+                        _mm256_srli_epi16::<2>(_mm256_and_si256(qh, _mm256_set1_epi8(-64))),
+                    ),
+                ];
+                for (t, q) in qs.into_iter().enumerate() {
+                    let blk = 4 * half + t;
+                    let s = _mm256_set_m128i(
+                        _mm_set1_epi16(i16::from(*sp.add(2 * blk + 1))),
+                        _mm_set1_epi16(i16::from(*sp.add(2 * blk))),
+                    );
+                    for r in 0..NR {
+                        let xv = load(xq[r].add(b * QK_K + 32 * blk));
+                        let pr = _mm256_madd_epi16(_mm256_maddubs_epi16(q, xv), s);
+                        si[r] = _mm256_add_epi32(si[r], pr);
+                    }
+                }
+            }
+            for r in 0..NR {
+                let bs = _mm256_loadu_si256(xb[r].add(b * 16).cast::<__m256i>());
+                let off = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bs, sc16));
+                let lanes = _mm256_sub_epi32(si[r], off);
+                let xd = *xd[r].add(b * 8);
+                if TILED {
+                    tacc[r] = ((hsum_i32(lanes) as f32) * d).mul_add(xd, tacc[r]);
+                } else {
+                    let dv = _mm256_set1_ps(xd * d);
+                    acc[r] = _mm256_fmadd_ps(dv, _mm256_cvtepi32_ps(lanes), acc[r]);
+                }
+            }
+        }
+        for r in 0..NR {
+            out[r0 + r] = if TILED { tacc[r] } else { hsum_ps(acc[r]) };
+        }
+    }
+}
+
+/// [`q6k`] `TILED` for four activation rows: the same integers and bits per row,
+/// the 16 scales broadcast by shuffles of one register and the four rows' sums and
+/// FMAs done in the lanes of one register.
+///
+/// # Safety
+/// As [`q6k`], with `x` holding rows r0..r0 + 4.
+#[inline(always)]
+unsafe fn q6k_four_tiled<const VNNI: bool>(w: &[u8], x: &Q8Rows, r0: usize, out: &mut [f32]) {
+    // SAFETY: as in `q6k`, and `out[r0..r0 + 4]` (checked). No closures over
+    // intrinsics (they would not inherit the target features).
+    unsafe {
+        let (xq, xd, xb) = rows::<4>(x, r0);
+        let mut tacc = _mm_setzero_ps();
+        let m4 = _mm256_set1_epi8(0x0f);
+        let m3 = _mm256_set1_epi8(3);
+        // For sub-block t of 32 (mod 4): i16 lane 2t of the register's lower half in
+        // the lower 128 bits, lane 2t + 1 in the upper.
+        let mut pick = [_mm256_setzero_si256(); 4];
+        for (t, p) in pick.iter_mut().enumerate() {
+            let (a, b) = (2 * t as i16, 2 * t as i16 + 1);
+            let pair = |l: i16| (2 * l) | ((2 * l + 1) << 8);
+            let (lo, hi) = (pair(a), pair(b));
+            *p = _mm256_setr_epi16(
+                lo, lo, lo, lo, lo, lo, lo, lo, hi, hi, hi, hi, hi, hi, hi, hi,
+            );
+        }
+        for b in 0..x.n / QK_K {
+            let p = w.as_ptr().add(b * 210);
+            let d = _mm_set1_ps(h(p.add(208)));
+            let sp = p.add(192).cast::<i8>();
+            let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(sp.cast::<__m128i>()));
+            let halves = [
+                _mm256_permute2x128_si256::<0x00>(sc16, sc16),
+                _mm256_permute2x128_si256::<0x11>(sc16, sc16),
+            ];
+            let mut si = [_mm256_setzero_si256(); 4];
+            for (half, scs) in halves.into_iter().enumerate() {
+                let ql0 = load(p.add(64 * half));
+                let ql1 = load(p.add(64 * half + 32));
+                let qh = load(p.add(128 + 32 * half));
+                let qs = [
+                    _mm256_or_si256(
+                        _mm256_and_si256(ql0, m4),
+                        _mm256_slli_epi16::<4>(_mm256_and_si256(qh, m3)),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(ql1, m4),
+                        _mm256_slli_epi16::<2>(_mm256_and_si256(qh, _mm256_set1_epi8(12))),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
+                        _mm256_and_si256(qh, _mm256_set1_epi8(48)),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
+                        _mm256_srli_epi16::<2>(_mm256_and_si256(qh, _mm256_set1_epi8(-64))),
+                    ),
+                ];
+                for (t, q) in qs.into_iter().enumerate() {
+                    let blk = 4 * half + t;
+                    let s = _mm256_shuffle_epi8(scs, pick[t]);
+                    for (r, acc) in si.iter_mut().enumerate() {
+                        let xv = load(xq[r].add(b * QK_K + 32 * blk));
+                        let u = _mm256_maddubs_epi16(q, xv);
+                        *acc = if VNNI {
+                            _mm256_dpwssd_epi32(*acc, u, s)
+                        } else {
+                            _mm256_add_epi32(*acc, _mm256_madd_epi16(u, s))
+                        };
+                    }
+                }
+            }
+            for (r, acc) in si.iter_mut().enumerate() {
+                let bs = _mm256_loadu_si256(xb[r].add(b * 16).cast::<__m256i>());
+                let off = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bs, sc16));
+                *acc = _mm256_sub_epi32(*acc, off);
+            }
+            let xds = _mm_setr_ps(
+                *xd[0].add(b * 8),
+                *xd[1].add(b * 8),
+                *xd[2].add(b * 8),
+                *xd[3].add(b * 8),
+            );
+            let i4 = _mm_cvtepi32_ps(hsum4_i32(si[0], si[1], si[2], si[3]));
+            tacc = _mm_fmadd_ps(_mm_mul_ps(i4, d), xds, tacc);
+        }
+        let dst = &mut out[r0..r0 + 4];
+        _mm_storeu_ps(dst.as_mut_ptr(), tacc);
+    }
+}
+
+/// `out[j × rows + i] = w_j · x[i]` for the weight rows of `row_bytes` in `w`; false
+/// (nothing written) unless `ty` is Q4_K or Q6_K, `x` is [`Q8Rows::per_256`] and the
+/// sizes agree.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(in crate::ops) fn matrix(
+    ty: GgmlType,
+    w: &[u8],
+    row_bytes: usize,
+    x: &Q8Rows,
+    rows: usize,
+    out: &mut [f32],
+) -> bool {
+    // SAFETY: this function's target features are the body's contract.
+    unsafe { matrix_body::<false>(ty, w, row_bytes, x, rows, out) }
+}
+
+/// [`matrix`] with AVX-512 VNNI's `vpdpwssd` for the scaled sums of the four-row
+/// tiles (`madd` then `add`, the same integers, in one instruction).
+#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+pub(in crate::ops) fn matrix_vnni(
+    ty: GgmlType,
+    w: &[u8],
+    row_bytes: usize,
+    x: &Q8Rows,
+    rows: usize,
+    out: &mut [f32],
+) -> bool {
+    // SAFETY: this function's target features are the body's contract.
+    unsafe { matrix_body::<true>(ty, w, row_bytes, x, rows, out) }
+}
+
+/// # Safety
+/// AVX2, FMA, F16C, and with `VNNI` AVX-512 VNNI and VL.
+#[inline(always)]
+unsafe fn matrix_body<const VNNI: bool>(
+    ty: GgmlType,
+    w: &[u8],
+    row_bytes: usize,
+    x: &Q8Rows,
+    rows: usize,
+    out: &mut [f32],
+) -> bool {
+    let bpb = match ty {
+        GgmlType::Q4_K => 144,
+        GgmlType::Q6_K => 210,
+        _ => return false,
+    };
+    let n = x.n;
+    if !x.per_256
+        || row_bytes == 0
+        || !row_bytes.is_multiple_of(bpb)
+        || row_bytes / bpb * QK_K != n
+        || !w.len().is_multiple_of(row_bytes)
+        || x.q.len() < rows * n
+        || x.d.len() < rows * (n / 32)
+        || x.bs.len() < rows * (n / 16)
+        || out.len() < rows * (w.len() / row_bytes)
+    {
+        return false;
+    }
+    // Rows in whole groups of 4 as llama.cpp's GEMM adds them, the rest as its GEMV
+    // (for Q6_K the two are the same).
+    macro_rules! tile {
+        ($four:expr, $rest2:expr, $rest1:expr) => {
+            for (j, (wr, out)) in w
+                .chunks_exact(row_bytes)
+                .zip(out.chunks_exact_mut(rows.max(1)))
+                .enumerate()
+            {
+                prefetch_weights(w, j * row_bytes, row_bytes);
+                let mut r = 0;
+                // SAFETY: the caller's target features; sizes checked above.
+                unsafe {
+                    while r + 4 <= rows {
+                        $four(wr, x, r, out);
+                        r += 4;
+                    }
+                    if r + 2 <= rows {
+                        $rest2(wr, x, r, out);
+                        r += 2;
+                    }
+                    if r < rows {
+                        $rest1(wr, x, r, out);
+                    }
+                }
+            }
+        };
+    }
+    if ty == GgmlType::Q4_K {
+        tile!(q4k_four::<VNNI>, q4k::<2, false>, q4k::<1, false>);
+    } else if rows >= TILED_FROM_ROWS {
+        tile!(q6k_four_tiled::<VNNI>, q6k::<2, true>, q6k::<1, true>);
+    } else {
+        tile!(q6k::<4, false>, q6k::<2, false>, q6k::<1, false>);
+    }
+    true
+}
