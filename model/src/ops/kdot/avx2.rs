@@ -264,6 +264,72 @@ unsafe fn q4k_four<const VNNI: bool>(w: &[u8], x: &Q8Rows, r0: usize, out: &mut 
     }
 }
 
+/// The 128 six-bit quants of half `half` of a Q6_K block at `p`, unsigned (0..64), as
+/// four registers of 32: elements 0..32, 32..64, 64..96, 96..128 of the half.
+///
+/// # Safety
+/// `p` valid for a 210-byte block; AVX2.
+#[inline(always)]
+unsafe fn q6k_half(p: *const u8, half: usize) -> [__m256i; 4] {
+    // SAFETY: the caller's contract; offsets within the block.
+    unsafe {
+        let m4 = _mm256_set1_epi8(0x0f);
+        let ql0 = load(p.add(64 * half));
+        let ql1 = load(p.add(64 * half + 32));
+        let qh = load(p.add(128 + 32 * half));
+        [
+            _mm256_or_si256(
+                _mm256_and_si256(ql0, m4),
+                _mm256_slli_epi16::<4>(_mm256_and_si256(qh, _mm256_set1_epi8(3))),
+            ),
+            _mm256_or_si256(
+                _mm256_and_si256(ql1, m4),
+                _mm256_slli_epi16::<2>(_mm256_and_si256(qh, _mm256_set1_epi8(12))),
+            ),
+            _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
+                _mm256_and_si256(qh, _mm256_set1_epi8(48)),
+            ),
+            _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
+                _mm256_srli_epi16::<2>(_mm256_and_si256(qh, _mm256_set1_epi8(-64))),
+            ),
+        ]
+    }
+}
+
+/// For sub-block `t` of 32 (mod 4) of a Q6_K half: shuffles that broadcast i16 lane 2t
+/// of a register's lower 128 bits into the lower 128 and lane 2t + 1 into the upper
+/// (the two scales of the sub-block's two sixteens).
+#[inline(always)]
+unsafe fn q6k_scale_picks() -> [__m256i; 4] {
+    // SAFETY: register-only intrinsics; AVX by the callers' target features.
+    unsafe {
+        let mut pick = [_mm256_setzero_si256(); 4];
+        for (t, p) in pick.iter_mut().enumerate() {
+            let pair = |l: i16| (2 * l) | ((2 * l + 1) << 8);
+            let (lo, hi) = (pair(2 * t as i16), pair(2 * t as i16 + 1));
+            *p = _mm256_setr_epi16(
+                lo, lo, lo, lo, lo, lo, lo, lo, hi, hi, hi, hi, hi, hi, hi, hi,
+            );
+        }
+        pick
+    }
+}
+
+/// A Q6_K block's sixteen scales (`sc16`, sign-extended) as the two registers the
+/// halves pick from: scales 0..8 in both 128-bit lanes, then 8..16.
+#[inline(always)]
+unsafe fn q6k_scale_halves(sc16: __m256i) -> [__m256i; 2] {
+    // SAFETY: register-only intrinsics; AVX2 by the callers' target features.
+    unsafe {
+        [
+            _mm256_permute2x128_si256::<0x00>(sc16, sc16),
+            _mm256_permute2x128_si256::<0x11>(sc16, sc16),
+        ]
+    }
+}
+
 /// # Safety
 /// As [`q4k`], for Q6_K.
 ///
@@ -282,42 +348,17 @@ unsafe fn q6k<const NR: usize, const TILED: bool>(
         let (xq, xd, xb) = rows::<NR>(x, r0);
         let mut acc = [_mm256_setzero_ps(); NR];
         let mut tacc = [0.0f32; NR];
-        let m4 = _mm256_set1_epi8(0x0f);
-        let m3 = _mm256_set1_epi8(3);
+        let pick = q6k_scale_picks();
         for b in 0..x.n / QK_K {
             let p = w.as_ptr().add(b * 210);
             let d = h(p.add(208));
             let sp = p.add(192).cast::<i8>();
             let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(sp.cast::<__m128i>()));
             let mut si = [_mm256_setzero_si256(); NR];
-            for half in 0..2 {
-                let ql0 = load(p.add(64 * half));
-                let ql1 = load(p.add(64 * half + 32));
-                let qh = load(p.add(128 + 32 * half));
-                let qs = [
-                    _mm256_or_si256(
-                        _mm256_and_si256(ql0, m4),
-                        _mm256_slli_epi16::<4>(_mm256_and_si256(qh, m3)),
-                    ),
-                    _mm256_or_si256(
-                        _mm256_and_si256(ql1, m4),
-                        _mm256_slli_epi16::<2>(_mm256_and_si256(qh, _mm256_set1_epi8(12))),
-                    ),
-                    _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
-                        _mm256_and_si256(qh, _mm256_set1_epi8(48)),
-                    ),
-                    _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
-                        _mm256_srli_epi16::<2>(_mm256_and_si256(qh, _mm256_set1_epi8(-64))),
-                    ),
-                ];
-                for (t, q) in qs.into_iter().enumerate() {
+            for (half, scs) in q6k_scale_halves(sc16).into_iter().enumerate() {
+                for (t, q) in q6k_half(p, half).into_iter().enumerate() {
                     let blk = 4 * half + t;
-                    let s = _mm256_set_m128i(
-                        _mm_set1_epi16(i16::from(*sp.add(2 * blk + 1))),
-                        _mm_set1_epi16(i16::from(*sp.add(2 * blk))),
-                    );
+                    let s = _mm256_shuffle_epi8(scs, pick[t]);
                     for r in 0..NR {
                         let xv = load(xq[r].add(b * QK_K + 32 * blk));
                         let pr = _mm256_madd_epi16(_mm256_maddubs_epi16(q, xv), s);
@@ -344,9 +385,8 @@ unsafe fn q6k<const NR: usize, const TILED: bool>(
     }
 }
 
-/// [`q6k`] `TILED` for four activation rows: the same integers and bits per row,
-/// the 16 scales broadcast by shuffles of one register and the four rows' sums and
-/// FMAs done in the lanes of one register.
+/// [`q6k`] `TILED` for four activation rows: the same integers and bits per row, the
+/// four rows' sums and FMAs done in the lanes of one register.
 ///
 /// # Safety
 /// As [`q6k`], with `x` holding rows r0..r0 + 4.
@@ -357,52 +397,15 @@ unsafe fn q6k_four_tiled<const VNNI: bool>(w: &[u8], x: &Q8Rows, r0: usize, out:
     unsafe {
         let (xq, xd, xb) = rows::<4>(x, r0);
         let mut tacc = _mm_setzero_ps();
-        let m4 = _mm256_set1_epi8(0x0f);
-        let m3 = _mm256_set1_epi8(3);
-        // For sub-block t of 32 (mod 4): i16 lane 2t of the register's lower half in
-        // the lower 128 bits, lane 2t + 1 in the upper.
-        let mut pick = [_mm256_setzero_si256(); 4];
-        for (t, p) in pick.iter_mut().enumerate() {
-            let (a, b) = (2 * t as i16, 2 * t as i16 + 1);
-            let pair = |l: i16| (2 * l) | ((2 * l + 1) << 8);
-            let (lo, hi) = (pair(a), pair(b));
-            *p = _mm256_setr_epi16(
-                lo, lo, lo, lo, lo, lo, lo, lo, hi, hi, hi, hi, hi, hi, hi, hi,
-            );
-        }
+        let pick = q6k_scale_picks();
         for b in 0..x.n / QK_K {
             let p = w.as_ptr().add(b * 210);
             let d = _mm_set1_ps(h(p.add(208)));
             let sp = p.add(192).cast::<i8>();
             let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(sp.cast::<__m128i>()));
-            let halves = [
-                _mm256_permute2x128_si256::<0x00>(sc16, sc16),
-                _mm256_permute2x128_si256::<0x11>(sc16, sc16),
-            ];
             let mut si = [_mm256_setzero_si256(); 4];
-            for (half, scs) in halves.into_iter().enumerate() {
-                let ql0 = load(p.add(64 * half));
-                let ql1 = load(p.add(64 * half + 32));
-                let qh = load(p.add(128 + 32 * half));
-                let qs = [
-                    _mm256_or_si256(
-                        _mm256_and_si256(ql0, m4),
-                        _mm256_slli_epi16::<4>(_mm256_and_si256(qh, m3)),
-                    ),
-                    _mm256_or_si256(
-                        _mm256_and_si256(ql1, m4),
-                        _mm256_slli_epi16::<2>(_mm256_and_si256(qh, _mm256_set1_epi8(12))),
-                    ),
-                    _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
-                        _mm256_and_si256(qh, _mm256_set1_epi8(48)),
-                    ),
-                    _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
-                        _mm256_srli_epi16::<2>(_mm256_and_si256(qh, _mm256_set1_epi8(-64))),
-                    ),
-                ];
-                for (t, q) in qs.into_iter().enumerate() {
+            for (half, scs) in q6k_scale_halves(sc16).into_iter().enumerate() {
+                for (t, q) in q6k_half(p, half).into_iter().enumerate() {
                     let blk = 4 * half + t;
                     let s = _mm256_shuffle_epi8(scs, pick[t]);
                     for (r, acc) in si.iter_mut().enumerate() {
@@ -438,38 +441,15 @@ unsafe fn q6k_four_tiled<const VNNI: bool>(w: &[u8], x: &Q8Rows, r0: usize, out:
 /// `out[j × rows + i] = w_j · x[i]` for the weight rows of `row_bytes` in `w`; false
 /// (nothing written) unless `ty` is Q4_K or Q6_K, `x` is [`Q8Rows::per_256`] and the
 /// sizes agree.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(in crate::ops) fn matrix(
-    ty: GgmlType,
-    w: &[u8],
-    row_bytes: usize,
-    x: &Q8Rows,
-    rows: usize,
-    out: &mut [f32],
-) -> bool {
-    // SAFETY: this function's target features are the body's contract.
-    unsafe { matrix_body::<false>(ty, w, row_bytes, x, rows, out) }
-}
-
-/// [`matrix`] with AVX-512 VNNI's `vpdpwssd` for the scaled sums of the four-row
-/// tiles (`madd` then `add`, the same integers, in one instruction).
-#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
-pub(in crate::ops) fn matrix_vnni(
-    ty: GgmlType,
-    w: &[u8],
-    row_bytes: usize,
-    x: &Q8Rows,
-    rows: usize,
-    out: &mut [f32],
-) -> bool {
-    // SAFETY: this function's target features are the body's contract.
-    unsafe { matrix_body::<true>(ty, w, row_bytes, x, rows, out) }
-}
-
+///
+/// With `VNNI`, AVX-512 VNNI's `vpdpwssd` adds the scaled sums of the four-row tiles
+/// (`madd` then `add`: the same integers in one instruction).
+///
 /// # Safety
-/// AVX2, FMA, F16C, and with `VNNI` AVX-512 VNNI and VL.
+/// AVX2, FMA, F16C, and with `VNNI` AVX-512 VNNI and VL (inlined into
+/// `kernels::avx2::dot_matrix{,_vnni}`, which have them).
 #[inline(always)]
-unsafe fn matrix_body<const VNNI: bool>(
+pub(in crate::ops) unsafe fn matrix<const VNNI: bool>(
     ty: GgmlType,
     w: &[u8],
     row_bytes: usize,

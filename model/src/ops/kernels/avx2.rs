@@ -784,11 +784,7 @@ unsafe fn dot_matrix_body<const VNNI: bool>(
     // SAFETY: the caller's contract.
     unsafe {
         if x.per_256 && matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) {
-            return if VNNI {
-                super::super::kdot::avx2::matrix_vnni(ty, w, row_bytes, x, rows, out)
-            } else {
-                super::super::kdot::avx2::matrix(ty, w, row_bytes, x, rows, out)
-            };
+            return super::super::kdot::avx2::matrix::<VNNI>(ty, w, row_bytes, x, rows, out);
         }
         match ty {
             GgmlType::Q8_0 => matrix_of::<DQ8_0, VNNI>(w, row_bytes, x, rows, out),
