@@ -230,7 +230,18 @@ fn nearest_int(f: f32) -> i32 {
 
 /// Quantizes one row (a multiple of 256 long) as ggml's `quantize_row_q8_K_ref`, written in
 /// den's per-32 layout: every block of a 256 gets the 256's f32 scale `d` and `s = d × Σq`.
-pub fn quantize_row_q8k(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
+pub fn quantize_row_q8k(k: Kernels, x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if k.is_simd() {
+        // SAFETY: `is_simd` means AVX2, FMA and F16C were detected.
+        return unsafe { avx2::quantize_row_q8k(x, q, d, s) };
+    }
+    let _ = k;
+    quantize_row_q8k_lanes(x, q, d, s);
+}
+
+/// [`quantize_row_q8k`] an element at a time: ggml's reference code as written.
+fn quantize_row_q8k_lanes(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
     const QK_K: usize = 256;
     let per = QK_K / QK;
     for (((x, q), d), s) in x
@@ -270,6 +281,87 @@ pub fn quantize_row_q8k(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use std::arch::x86_64::*;
+
+    /// [`super::quantize_row_q8k_lanes`] in registers, the same values: the largest
+    /// magnitude is exact in any order and its first element found by comparison; the
+    /// products, the ties-to-even rounding (`nearest_int`'s, for these magnitudes) and
+    /// the clamp are per element; the sums are of integers.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn quantize_row_q8k(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
+        const QK_K: usize = 256;
+        let per = QK_K / super::QK;
+        let sign = _mm256_set1_ps(-0.0);
+        // packs interleave 128-bit lanes; this puts the 32 bytes back in order.
+        let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        for (((x, q), d), s) in x
+            .chunks_exact(QK_K)
+            .zip(q.chunks_exact_mut(QK_K))
+            .zip(d.chunks_exact_mut(per))
+            .zip(s.chunks_exact_mut(per))
+        {
+            let (xc, _) = x.as_chunks::<8>();
+            // SAFETY (every block below): 8 f32s a chunk, 32 bytes a store into `q`'s 256.
+            let mut m = _mm256_setzero_ps();
+            for c in xc {
+                let v = unsafe { _mm256_loadu_ps(c.as_ptr()) };
+                m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v));
+            }
+            let m4 = _mm_max_ps(_mm256_extractf128_ps::<1>(m), _mm256_castps256_ps128(m));
+            let m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            let amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+            if amax == 0.0 {
+                q.fill(0);
+                d.fill(0.0);
+                s.fill(0.0);
+                continue;
+            }
+            // The reference keeps the first element of that magnitude, with its sign.
+            let want = _mm256_set1_ps(amax);
+            let mut max = amax;
+            for c in xc {
+                let v = unsafe { _mm256_loadu_ps(c.as_ptr()) };
+                let hit = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(
+                    _mm256_andnot_ps(sign, v),
+                    want,
+                ));
+                if hit != 0 {
+                    max = c[hit.trailing_zeros() as usize];
+                    break;
+                }
+            }
+            let iscale = -127.0 / max;
+            let scale = 1.0 / iscale;
+            let mul = _mm256_set1_ps(iscale);
+            let top = _mm256_set1_epi32(127);
+            for (b, (q, x)) in q.chunks_exact_mut(32).zip(x.chunks_exact(32)).enumerate() {
+                let mut i = [_mm256_setzero_si256(); 4];
+                for (k, i) in i.iter_mut().enumerate() {
+                    let v = unsafe { _mm256_loadu_ps(x.as_ptr().add(8 * k)) };
+                    let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+                        _mm256_mul_ps(mul, v),
+                    );
+                    *i = _mm256_min_epi32(_mm256_cvtps_epi32(r), top);
+                }
+                let sum =
+                    _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
+                let s4 = _mm_add_epi32(
+                    _mm256_castsi256_si128(sum),
+                    _mm256_extracti128_si256::<1>(sum),
+                );
+                let s4 = _mm_add_epi32(s4, _mm_shuffle_epi32::<0b01_00_11_10>(s4));
+                let s4 = _mm_add_epi32(s4, _mm_shuffle_epi32::<0b10_11_00_01>(s4));
+                let sum = _mm_cvtsi128_si32(s4);
+                let bytes = _mm256_packs_epi16(
+                    _mm256_packs_epi32(i[0], i[1]),
+                    _mm256_packs_epi32(i[2], i[3]),
+                );
+                let bytes = _mm256_permutevar8x32_epi32(bytes, order);
+                unsafe { _mm256_storeu_si256(q.as_mut_ptr().cast::<__m256i>(), bytes) };
+                d[b] = scale;
+                s[b] = scale * sum as f32;
+            }
+        }
+    }
 
     /// f32 lanes rounded to f16 and back.
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -533,10 +625,46 @@ mod tests {
             .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.01)
             .collect();
         let (mut q, mut d, mut s) = (vec![0i8; 512], vec![0.0; 16], vec![0.0; 16]);
-        quantize_row_q8k(&x, &mut q, &mut d, &mut s);
+        quantize_row_q8k(Kernels::detect(), &x, &mut q, &mut d, &mut s);
         assert!(d[..8].iter().all(|v| *v == d[0]) && d[8..].iter().all(|v| *v == d[8]));
         for (i, (x, q)) in x.iter().zip(&q).enumerate() {
             assert!((f32::from(*q) * d[i / 32] - x).abs() <= d[i / 32].abs() * 0.5 + 1e-6);
         }
+    }
+
+    /// The SIMD q8_K quantizer gives the reference code's bytes and scales: random 256s,
+    /// one all zero, and 256s whose largest magnitude appears with both signs (the first
+    /// one's sign sets the scale's) or at the very end.
+    #[test]
+    fn q8k_simd_equals_the_reference_order() {
+        let k = Kernels::detect();
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut rnd = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+        };
+        let mut x: Vec<f32> = (0..256 * 8).map(|_| rnd() * 3.0).collect();
+        x[256..512].fill(0.0);
+        x[600] = -5.0;
+        x[700] = 5.0;
+        x[900] = 5.0;
+        x[1000] = -5.0;
+        x[1279] = -7.25;
+        for v in &mut x[1280..1536] {
+            *v *= 1e-20;
+        }
+        let run = |simd: bool| {
+            let (mut q, mut d, mut s) = (vec![0i8; x.len()], vec![0.0; 64], vec![0.0; 64]);
+            if simd {
+                quantize_row_q8k(k, &x, &mut q, &mut d, &mut s);
+            } else {
+                quantize_row_q8k_lanes(&x, &mut q, &mut d, &mut s);
+            }
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            (q, bits(&d), bits(&s))
+        };
+        assert_eq!(run(true), run(false));
     }
 }

@@ -114,6 +114,7 @@ impl Q8Rows {
         for i in 0..rows {
             if per_256 {
                 super::ggml_round::quantize_row_q8k(
+                    k,
                     &x[i * n..(i + 1) * n],
                     &mut self.q[i * n..(i + 1) * n],
                     &mut self.d[i * nb..(i + 1) * nb],

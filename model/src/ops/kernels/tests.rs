@@ -290,3 +290,41 @@ fn gemm_acc_adds_the_product_on_every_path_and_shape() {
         }
     }
 }
+
+/// The SIMD quantizer gives the portable one's bytes and scales, bit for bit: blocks of
+/// mixed signs, one all zero, one with a single non-zero, one of exact halves (ties),
+/// tiny and huge magnitudes.
+#[test]
+fn simd_quantize_row_equals_the_portable_one() {
+    let k = Kernels::detect();
+    if !k.is_simd() {
+        return;
+    }
+    let mut rng = Rng(99);
+    let mut x: Vec<f32> = (0..32 * 40).map(|_| rng.f() * 4.0).collect();
+    x[32..64].fill(0.0);
+    x[64..96].fill(0.0);
+    x[70] = -3.5;
+    for (i, v) in x[96..128].iter_mut().enumerate() {
+        // With 15.875 the largest, 127 / 15.875 = 8: each element scales to k + 0.5.
+        *v = (i as f32 - 16.0) * 0.125 + 0.0625;
+    }
+    x[127] = 15.875;
+    for v in &mut x[128..160] {
+        *v *= 1e-30;
+    }
+    for v in &mut x[160..192] {
+        *v *= 1e30;
+    }
+    let nb = x.len() / 32;
+    let run = |k: Kernels| {
+        let (mut q, mut d, mut s) = (vec![0i8; x.len()], vec![0.0f32; nb], vec![0.0f32; nb]);
+        k.quantize_row(&x, &mut q, &mut d, &mut s);
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        (q, bits(&d), bits(&s))
+    };
+    let (simd, scalar) = (run(k), run(Kernels::scalar()));
+    assert_eq!(simd.0, scalar.0, "quants");
+    assert_eq!(simd.1, scalar.1, "scales");
+    assert_eq!(simd.2, scalar.2, "sums");
+}
