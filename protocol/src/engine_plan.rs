@@ -242,6 +242,11 @@ pub struct EnginePlan {
     /// ([`StepCosts::first_token_step_ms`]).
     #[serde(default)]
     pub first_token_step: bool,
+    /// The mean output length of the worker's finished requests (an EWMA), tokens: a
+    /// request that finishes its prefill decodes about this many steps, each a row of
+    /// every step after it ([`replay`]). 0 while unknown.
+    #[serde(default)]
+    pub mean_output_tokens: f64,
 }
 
 fn one() -> f64 {
@@ -275,6 +280,7 @@ impl EnginePlan {
             step_remaining_ms: 0.0,
             step_calibration: 1.0,
             first_token_step: false,
+            mean_output_tokens: 0.0,
         }
     }
 
@@ -373,11 +379,13 @@ pub fn replay(plan: &EnginePlan, joiner: Option<PendingPrefill>) -> Replay {
         reqs.push(j);
     }
     let mut finish = vec![0.0; reqs.len()];
-    // Requests finishing their prefill start decoding too, but for how long is unknown
-    // (a worker knows its mean output length, not this request's); their decode adds
-    // well under a millisecond per step, so the decode set is held fixed.
-    let decoding = plan.decoding;
-    let context = plan.decode_context_tokens;
+    // The sequences decoding now are held fixed (how long each has left is unknown). A
+    // request that finishes its prefill joins them for the worker's mean output length:
+    // a decode row in every step after it, with its context growing. On a GPU that row
+    // is nearly free; on a CPU it costs as much as a prompt row plus its context, and a
+    // request queued behind a few others prefills beside their decodes.
+    let decode_steps = mean_output_steps(plan.mean_output_tokens);
+    let mut joined: Vec<(u32, u64)> = Vec::new();
     let mut t = plan.step_remaining_ms.max(0.0);
     let mut left: usize = reqs.iter().filter(|r| r.left() > 0).count();
     // Every request before `head` is finished: a step scans from there, so finished
@@ -391,7 +399,10 @@ pub fn replay(plan: &EnginePlan, joiner: Option<PendingPrefill>) -> Replay {
         while reqs.get(head).is_some_and(|r| r.left() == 0) {
             head += 1;
         }
-        let mut budget = plan.step_budget();
+        let decoding = plan.decoding.saturating_add(joined.len() as u32);
+        let context = plan.decode_context_tokens + joined.iter().map(|j| j.1).sum::<u64>();
+        visits += joined.len();
+        let mut budget = plan.max_batched_tokens.saturating_sub(decoding).max(1);
         chunks.clear();
         let mut next_ready = f64::INFINITY;
         let (mut tokens, mut attention) = (0u64, 0.0);
@@ -418,20 +429,25 @@ pub fn replay(plan: &EnginePlan, joiner: Option<PendingPrefill>) -> Replay {
             if !next_ready.is_finite() {
                 break;
             }
-            // Decode-only steps run until a boundary at or after the next ready time.
+            // Decode-only steps run until a boundary at or after the next ready time (the
+            // joined decodes are taken to last that long: a wait outlasts a few steps).
             let step = if decoding > 0 {
                 plan.step_ms(0, 0.0, decoding as u64, context)
             } else {
                 0.0
             };
             t = if step > 0.0 {
-                t + ((next_ready - t) / step).ceil().max(1.0) * step
+                let n = ((next_ready - t) / step).ceil().max(1.0);
+                let n_steps = n.min(f64::from(u32::MAX)) as u32;
+                age(&mut joined, n_steps);
+                t + n * step
             } else {
                 next_ready
             };
             continue;
         }
         t += plan.step_ms(tokens, attention, decoding as u64, context);
+        age(&mut joined, 1);
         for &(i, take) in &chunks {
             let Some(r) = reqs.get_mut(i) else { continue };
             r.done_tokens += take;
@@ -440,6 +456,9 @@ pub fn replay(plan: &EnginePlan, joiner: Option<PendingPrefill>) -> Replay {
                     *f = t;
                 }
                 left -= 1;
+                if decode_steps > 0 {
+                    joined.push((decode_steps, u64::from(r.input_tokens)));
+                }
             }
         }
     }
@@ -452,6 +471,27 @@ pub fn replay(plan: &EnginePlan, joiner: Option<PendingPrefill>) -> Replay {
         joiner_finish_ms,
         visits,
     }
+}
+
+/// Decode steps a request that finishes its prefill is replayed for: the mean output
+/// length less the token its last prefill step samples, within 0..=4096 (a plan comes
+/// from the network).
+fn mean_output_steps(mean_output_tokens: f64) -> u32 {
+    if !mean_output_tokens.is_finite() || mean_output_tokens <= 1.0 {
+        return 0;
+    }
+    (mean_output_tokens - 1.0).round().min(4096.0) as u32
+}
+
+/// `n` steps of the joined decodes: each reads one more token of context per step, and
+/// leaves when its steps are done.
+fn age(joined: &mut Vec<(u32, u64)>, n: u32) {
+    joined.retain_mut(|(steps, context)| {
+        let done = (*steps).min(n);
+        *context += u64::from(done);
+        *steps -= done;
+        *steps > 0
+    });
 }
 
 /// Finishes the unfinished requests of a replay cut short at `t`, in FCFS order, each
@@ -547,6 +587,38 @@ mod tests {
         let with = replay(&plan, Some(pending(0, 400)));
         assert_eq!(with.finish_ms, vec![19.0]);
         assert_eq!(with.joiner_finish_ms, Some(19.0));
+    }
+
+    #[test]
+    fn a_request_ahead_decodes_in_the_steps_after_its_prefill() {
+        // 1 ms a step + 10 µs a row, budget 64 rows. A (64 tokens) fills step 1; with a
+        // mean output of 4 tokens it then decodes for 3 steps, one row each, so the
+        // 128-token joiner gets 63 rows a step: 63, 63, 2 over steps 2–4
+        // (1.64 + 1.64 + 1.64 + 1.03 ms). Without the mean it gets 64, 64: 4.92 ms.
+        let costs = StepCosts::Fitted {
+            step_us: 1_000.0,
+            row_us: 10.0,
+            attention_us_per_position: 0.0,
+            context_us_per_token: 0.0,
+        };
+        let mut plan = EnginePlan {
+            pending: vec![pending(0, 64)],
+            ..EnginePlan::idle(64, costs)
+        };
+        let without = replay(&plan, Some(pending(0, 128)));
+        assert_eq!(without.joiner_finish_ms, Some(4.92));
+        plan.mean_output_tokens = 4.0;
+        let with = replay(&plan, Some(pending(0, 128)));
+        let j = with.joiner_finish_ms.unwrap_or(0.0);
+        assert!((j - 5.95).abs() < 1e-9, "{j}");
+        // A's own finish is unchanged: its decodes come after its prefill.
+        assert_eq!(with.finish_ms, vec![1.64]);
+        // What comes from the network is bounded: a huge or broken mean is capped.
+        for mean in [f64::NAN, f64::INFINITY, -3.0, 1e12] {
+            plan.mean_output_tokens = mean;
+            let r = replay(&plan, Some(pending(0, 128)));
+            assert!(r.joiner_finish_ms.is_some_and(f64::is_finite), "{mean}");
+        }
     }
 
     #[test]

@@ -117,6 +117,8 @@ pub struct CalibrationValues {
     pub prefill_ms_per_token: Ewma,
     pub first_token_ms: Ewma,
     pub decode_ms_per_token: Ewma,
+    /// Tokens each finished decode produced: the engine plan's mean output length.
+    pub output_tokens: Ewma,
 }
 
 impl Calibration {
@@ -132,6 +134,10 @@ impl Calibration {
 
     pub fn decode_step(&self, ms: f64) {
         self.lock().decode_ms_per_token.observe(ms);
+    }
+
+    pub fn output(&self, tokens: usize) {
+        self.lock().output_tokens.observe(tokens as f64);
     }
 
     pub fn snapshot(&self) -> CalibrationValues {

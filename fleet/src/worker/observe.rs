@@ -156,6 +156,7 @@ impl Worker {
             step_remaining_ms: step_remaining_us as f64 / 1e3,
             step_calibration: self.step_calibration.or(1.0),
             first_token_step: sh.cost.synthetic.is_some(),
+            mean_output_tokens: self.output_tokens.or(0.0),
         }
     }
 }

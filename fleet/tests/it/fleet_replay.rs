@@ -103,10 +103,12 @@ fn den_records_its_decisions_with_the_measured_outcome() {
             .map(|s| s.candidate.worker_id.clone())
             .collect();
         assert_eq!(ids.len(), d.ranked.len(), "one best candidate per worker");
+        // Ranked by what the router minimises: own TTFT plus the delay imposed on the
+        // worker's pending requests (`fleet_cost_ms`), not by TTFT alone.
         assert!(
             d.ranked
                 .windows(2)
-                .all(|p| p[0].estimate.ttft_ms <= p[1].estimate.ttft_ms)
+                .all(|p| p[0].cost_ms() <= p[1].cost_ms())
         );
         let measured = d.measured_ttft_ms.unwrap();
         assert_eq!(measured, run.ttft_us[d.request] as f64 / 1000.0);

@@ -180,6 +180,9 @@ impl Device<'_, '_> {
     }
 
     pub(super) fn finish(&mut self, job: u64, op: &Operation, outcome: OperationOutcome) {
+        if let OperationOutcome::Decoded { tokens, .. } = &outcome {
+            self.ctx.calibration.output(tokens.len());
+        }
         self.publish_totals();
         self.ctx.queue.finish(job);
         let _ = self.ctx.events.send(DeviceEvent::Done {
@@ -382,6 +385,7 @@ impl Device<'_, '_> {
         plan.costs = costs;
         // The last prompt token is the row of the decode step that samples the first.
         plan.first_token_step = true;
+        plan.mean_output_tokens = self.ctx.calibration.snapshot().output_tokens.or(0.0);
         plan.pending.clear();
         plan.decoding = 0;
         plan.decode_context_tokens = 0;
