@@ -282,6 +282,8 @@ fn quantize_row_q8k_lanes(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32])
 mod avx2 {
     use std::arch::x86_64::*;
 
+    use super::super::kernels::avx2::{hmax, store_quants};
+
     /// [`super::quantize_row_q8k_lanes`] in registers, the same values: the largest
     /// magnitude is exact in any order and its first element found by comparison; the
     /// products, the ties-to-even rounding (`nearest_int`'s, for these magnitudes) and
@@ -291,8 +293,6 @@ mod avx2 {
         const QK_K: usize = 256;
         let per = QK_K / super::QK;
         let sign = _mm256_set1_ps(-0.0);
-        // packs interleave 128-bit lanes; this puts the 32 bytes back in order.
-        let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
         for (((x, q), d), s) in x
             .chunks_exact(QK_K)
             .zip(q.chunks_exact_mut(QK_K))
@@ -306,9 +306,7 @@ mod avx2 {
                 let v = unsafe { _mm256_loadu_ps(c.as_ptr()) };
                 m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v));
             }
-            let m4 = _mm_max_ps(_mm256_extractf128_ps::<1>(m), _mm256_castps256_ps128(m));
-            let m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-            let amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+            let amax = hmax(m);
             if amax == 0.0 {
                 q.fill(0);
                 d.fill(0.0);
@@ -342,21 +340,8 @@ mod avx2 {
                     );
                     *i = _mm256_min_epi32(_mm256_cvtps_epi32(r), top);
                 }
-                let sum =
-                    _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
-                let s4 = _mm_add_epi32(
-                    _mm256_castsi256_si128(sum),
-                    _mm256_extracti128_si256::<1>(sum),
-                );
-                let s4 = _mm_add_epi32(s4, _mm_shuffle_epi32::<0b01_00_11_10>(s4));
-                let s4 = _mm_add_epi32(s4, _mm_shuffle_epi32::<0b10_11_00_01>(s4));
-                let sum = _mm_cvtsi128_si32(s4);
-                let bytes = _mm256_packs_epi16(
-                    _mm256_packs_epi32(i[0], i[1]),
-                    _mm256_packs_epi32(i[2], i[3]),
-                );
-                let bytes = _mm256_permutevar8x32_epi32(bytes, order);
-                unsafe { _mm256_storeu_si256(q.as_mut_ptr().cast::<__m256i>(), bytes) };
+                // SAFETY: `q` is this 32's bytes.
+                let sum = unsafe { store_quants(i, q.as_mut_ptr()) };
                 d[b] = scale;
                 s[b] = scale * sum as f32;
             }

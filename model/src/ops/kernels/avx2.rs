@@ -20,6 +20,41 @@ impl Half for F16cHalf {
     }
 }
 
+/// The largest of 8 lanes (of non-negative finite values: any order gives it).
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(in crate::ops) fn hmax(m: __m256) -> f32 {
+    let m4 = _mm_max_ps(_mm256_extractf128_ps::<1>(m), _mm256_castps256_ps128(m));
+    let m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)))
+}
+
+/// 32 quants in four registers of i32 (each within i8) stored as bytes in order at
+/// `q`, and their sum.
+///
+/// # Safety
+/// `q` valid for writing 32 bytes.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(in crate::ops) unsafe fn store_quants(i: [__m256i; 4], q: *mut i8) -> i32 {
+    let sum = _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
+    let s4 = _mm_add_epi32(
+        _mm256_castsi256_si128(sum),
+        _mm256_extracti128_si256::<1>(sum),
+    );
+    let s4 = _mm_add_epi32(s4, _mm_shuffle_epi32::<0b01_00_11_10>(s4));
+    let s4 = _mm_add_epi32(s4, _mm_shuffle_epi32::<0b10_11_00_01>(s4));
+    // packs interleave 128-bit lanes; the permutation puts the 32 bytes back in order.
+    let bytes = _mm256_packs_epi16(
+        _mm256_packs_epi32(i[0], i[1]),
+        _mm256_packs_epi32(i[2], i[3]),
+    );
+    let bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    // SAFETY: the caller's contract; unaligned store.
+    unsafe { _mm256_storeu_si256(q.cast::<__m256i>(), bytes) };
+    _mm_cvtsi128_si32(s4)
+}
+
 /// [`super::quantize_row_body`] as ggml's AVX2 `quantize_row_q8_0` / `_q8_1` compute it
 /// (the same values: the max is exact in any order, the products and the ties-to-even
 /// rounding are the same per element, the sum is of integers, f16 rounding is F16C's
@@ -27,8 +62,6 @@ impl Half for F16cHalf {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn quantize_row(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
     let sign = _mm256_set1_ps(-0.0);
-    // packs interleave 128-bit lanes; this puts the 32 bytes back in order.
-    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     let f16_round = |v: f32| {
         _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(
             _mm_set_ss(v),
@@ -49,13 +82,10 @@ pub(super) fn quantize_row(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]
                 _mm256_loadu_ps(p.add(16)),
                 _mm256_loadu_ps(p.add(24)),
             ];
-            let m = _mm256_max_ps(
+            let amax = hmax(_mm256_max_ps(
                 _mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
                 _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])),
-            );
-            let m4 = _mm_max_ps(_mm256_extractf128_ps::<1>(m), _mm256_castps256_ps128(m));
-            let m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-            let amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+            ));
             let scale = amax / 127.0;
             let inv = _mm256_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
             let mut i = [_mm256_setzero_si256(); 4];
@@ -65,20 +95,7 @@ pub(super) fn quantize_row(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]
                 );
                 *i = _mm256_cvtps_epi32(r);
             }
-            let sum = _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
-            let s4 = _mm_add_epi32(
-                _mm256_castsi256_si128(sum),
-                _mm256_extracti128_si256::<1>(sum),
-            );
-            let s4 = _mm_add_epi32(s4, _mm_shuffle_epi32::<0b01_00_11_10>(s4));
-            let s4 = _mm_add_epi32(s4, _mm_shuffle_epi32::<0b10_11_00_01>(s4));
-            let sum = _mm_cvtsi128_si32(s4);
-            let bytes = _mm256_packs_epi16(
-                _mm256_packs_epi32(i[0], i[1]),
-                _mm256_packs_epi32(i[2], i[3]),
-            );
-            let bytes = _mm256_permutevar8x32_epi32(bytes, order);
-            _mm256_storeu_si256(q.as_mut_ptr().cast::<__m256i>(), bytes);
+            let sum = store_quants(i, q.as_mut_ptr());
             *d = f16_round(scale);
             *s = f16_round(scale * sum as f32);
         }

@@ -705,7 +705,7 @@ fn axpy_body(a: f32, x: &[f32], y: &mut [f32]) {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2;
+pub(super) mod avx2;
 
 #[cfg(test)]
 #[allow(clippy::needless_range_loop)]
