@@ -120,12 +120,14 @@ pub fn gelu_f16(x: f32) -> f32 {
 }
 
 /// ggml's `ggml_table_gelu_f16`: for every f16 bit pattern, GELU of it as f16. Built once
-/// (128 KiB, ~1 ms), and no `tanh` per element after that.
+/// (128 KiB, ~1 ms), and no `tanh` per element after that. One entry of padding after
+/// the last: the SIMD lookup gathers 4 bytes from each entry's start.
 fn gelu_table() -> &'static [u16] {
     static TABLE: OnceLock<Vec<u16>> = OnceLock::new();
     TABLE.get_or_init(|| {
         (0..=u16::MAX)
             .map(|h| f32_to_f16(gelu_f32(f16_to_f32(h))))
+            .chain(std::iter::once(0))
             .collect()
     })
 }
@@ -202,6 +204,11 @@ fn scalef(j: f32, n: i32) -> f32 {
 pub fn glu(k: Kernels, act: Activation, g: &[f32], u: &[f32], out: &mut [f32]) {
     match act {
         Activation::GeluTanh => {
+            #[cfg(target_arch = "x86_64")]
+            if k.is_simd() {
+                // SAFETY: `is_simd` means AVX2, FMA and F16C were detected.
+                return unsafe { avx2::geglu(gelu_table(), g, u, out) };
+            }
             for ((y, g), u) in out.iter_mut().zip(g).zip(u) {
                 *y = gelu_f16(*g) * u;
             }
@@ -498,6 +505,49 @@ mod avx2 {
         r as f32
     }
 
+    /// [`super::gelu_f16`]`(g) × u` eight at a time: F16C's round-to-nearest-even
+    /// conversion (the software one's), the table gathered, the same ±10 clamps, the same
+    /// product. `table` is [`super::gelu_table`] (65,537 entries).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn geglu(table: &[u16], g: &[f32], u: &[f32], out: &mut [f32]) {
+        let n = out.len().min(g.len()).min(u.len());
+        if table.len() <= usize::from(u16::MAX) + 1 {
+            // Not the padded table: the lanes' gathers could read past it.
+            for ((y, g), u) in out[..n].iter_mut().zip(&g[..n]).zip(&u[..n]) {
+                *y = super::gelu_f16(*g) * u;
+            }
+            return;
+        }
+        let (gc, gr) = g[..n].as_chunks::<8>();
+        let (uc, ur) = u[..n].as_chunks::<8>();
+        let (oc, or) = out[..n].as_chunks_mut::<8>();
+        let lo = _mm256_set1_ps(-10.0);
+        let hi = _mm256_set1_ps(10.0);
+        let low16 = _mm256_set1_epi32(0xffff);
+        for ((g, u), y) in gc.iter().zip(uc).zip(oc) {
+            // SAFETY: 8 f32s each; the gather reads 4 bytes at entry `h` of a table of
+            // 65,537 u16s (h ≤ 65,535), inside it.
+            unsafe {
+                let x = _mm256_loadu_ps(g.as_ptr());
+                let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x);
+                let idx = _mm256_cvtepu16_epi32(h);
+                let t = _mm256_i32gather_epi32::<2>(table.as_ptr().cast::<i32>(), idx);
+                let t = _mm256_and_si256(t, low16);
+                let t = _mm256_packus_epi32(t, t);
+                let t = _mm256_permute4x64_epi64::<0b00_00_10_00>(t);
+                let v = _mm256_cvtph_ps(_mm256_castsi256_si128(t));
+                // x ≥ 10 keeps x; x ≤ −10 gives 0 (the scalar code's order of tests).
+                let v = _mm256_blendv_ps(v, x, _mm256_cmp_ps::<_CMP_GE_OQ>(x, hi));
+                let v = _mm256_andnot_ps(_mm256_cmp_ps::<_CMP_LE_OQ>(x, lo), v);
+                let r = _mm256_mul_ps(v, _mm256_loadu_ps(u.as_ptr()));
+                _mm256_storeu_ps(y.as_mut_ptr(), r);
+            }
+        }
+        for ((y, g), u) in or.iter_mut().zip(gr).zip(ur) {
+            *y = super::gelu_f16(*g) * u;
+        }
+    }
+
     /// The scalar lane code compiled with FMA instructions.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) fn swiglu(g: &[f32], u: &[f32], out: &mut [f32]) {
@@ -565,6 +615,38 @@ mod tests {
         assert_eq!(got_sum, want_sum);
         assert_eq!(got[5], 0.0);
         assert!(got[17] > 0.0 && got[17] < 1e-30);
+    }
+
+    /// The SIMD GeGLU gives the scalar one's bits: inputs across the table's range and
+    /// the clamps (±10 and beyond), with lengths that leave a tail.
+    #[test]
+    fn geglu_simd_equals_the_scalar_lookup() {
+        let k = Kernels::detect();
+        if !k.is_simd() {
+            return;
+        }
+        for len in [8usize, 61, 4096] {
+            let g: Vec<f32> = (0..len)
+                .map(|i| match i % 97 {
+                    0 => -10.0,
+                    1 => 10.0,
+                    2 => -12.5,
+                    3 => 11.0,
+                    4 => -0.0,
+                    _ => ((i as f32) * 0.731).sin() * 11.0 * ((i % 7) as f32 / 7.0),
+                })
+                .collect();
+            let u: Vec<f32> = (0..len).map(|i| ((i as f32) * 0.37).cos()).collect();
+            let mut simd = vec![0.0f32; len];
+            glu(k, Activation::GeluTanh, &g, &u, &mut simd);
+            let scalar: Vec<u32> = g
+                .iter()
+                .zip(&u)
+                .map(|(g, u)| (gelu_f16(*g) * u).to_bits())
+                .collect();
+            let simd: Vec<u32> = simd.iter().map(|v| v.to_bits()).collect();
+            assert_eq!(simd, scalar, "length {len}");
+        }
     }
 
     #[test]
