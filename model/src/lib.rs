@@ -35,7 +35,7 @@
 //!   ([`KvPages`], [`Sequence`], [`HostKvPages`]), named by [`kv::kv_fingerprint`] (the
 //!   weights digest with the KV dtype and row layout).
 //!
-//! - [`gpu`] (feature `cuda`): the same forward pass on an NVIDIA GPU, K and V in den's
+//! - `gpu` (feature `cuda`): the same forward pass on an NVIDIA GPU, K and V in den's
 //!   page arena on the device.
 //!
 //! The real-model tests need `tests/fetch-models` (it prints the `DEN_TEST_MODELS` to set).

@@ -60,7 +60,7 @@ pub struct Q8Rows {
     /// Quantized as ggml's `block_q8_K` (one scale per 256, see [`Q8Rows::quantize_as`]).
     pub per_256: bool,
     /// With `per_256`: Σq of each 16 (`block_q8_K::bsums`), what the K-quant dots
-    /// ([`super::kdot`]) subtract their offsets and mins with.
+    /// (`ops::kdot`) subtract their offsets and mins with.
     pub bs: Vec<i16>,
 }
 
