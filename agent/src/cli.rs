@@ -34,7 +34,7 @@ use crate::worker::{Backend, DEFAULT_MODEL, WorkerOptions};
 #[derive(Debug, Parser)]
 #[command(name = "den-agent", version, about, long_about)]
 pub struct Cli {
-    /// TOML config file with [router], [worker] and [local] sections (default:
+    /// TOML config file with `[router]`, `[worker]` and `[local]` sections (default:
     /// ~/.config/den/agent.toml when it exists).
     #[arg(long, global = true, env = "DEN_CONFIG", value_name = "PATH")]
     pub config: Option<PathBuf>,

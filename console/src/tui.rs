@@ -1,7 +1,7 @@
 //! The interactive console: one loop over terminal input, source events and a frame
 //! tick. Network I/O lives in other tasks; the loop only applies events, handles keys and
 //! draws, so input is never blocked. Rendering is coalesced (television-style): changes
-//! mark the frame dirty and at most one frame is drawn per [`FRAME`].
+//! mark the frame dirty and at most one frame is drawn per `FRAME`.
 //!
 //! The loop's logic is [`Console`]: it stamps, records and applies events, handles keys
 //! and draws, with the time passed in, so that tests drive it with a `TestBackend` and

@@ -151,7 +151,7 @@ impl Scale {
 }
 
 impl ScaledTrace {
-    /// Scales every request of `trace` (usually a [`slice`]).
+    /// Scales every request of `trace` (usually a [`fn@slice`]).
     pub fn new(trace: &Trace, scale: Scale) -> Result<ScaledTrace, ScaleError> {
         scale.check()?;
         let block = scale.block_tokens();

@@ -35,7 +35,7 @@ impl DeviceInfo {
     }
 }
 
-/// Options for [`CudaMemory::open_with`].
+/// Options for `CudaMemory::open_with`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CudaOptions {
     /// Bytes of each pinned staging buffer (one for uploads, one for downloads).

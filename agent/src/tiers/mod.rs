@@ -6,7 +6,7 @@
 //! A chunk is stored under its **catalog key** ([`ChunkKey`]: SHA-256 over the model
 //! fingerprint and the chunk's chained prefix hash, `den_protocol::chunk::catalog_key`),
 //! so the same tokens under two models never share an entry. The stored object is
-//! self-describing (see [`format`]): a header with magic, format version, model
+//! self-describing (see [`mod@format`]): a header with magic, format version, model
 //! fingerprint, prefix and parent hash, start, token count and row bytes, plus the SHA-256
 //! of the payload (the content hash, the chunk's physical identity).
 //!

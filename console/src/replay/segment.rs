@@ -38,7 +38,7 @@ pub struct LineReader {
     /// Set once the end was reached and the last line was incomplete (or the compressed
     /// stream ended early): how many bytes were dropped.
     pub torn: Option<u64>,
-    /// Set when a line was longer than [`MAX_LINE_BYTES`]: reading stopped there.
+    /// Set when a line was longer than `MAX_LINE_BYTES`: reading stopped there.
     pub oversized: bool,
     done: bool,
 }

@@ -20,7 +20,7 @@
 //! With [`CostModel::synthetic`] set the worker is den's synthetic engine on den's own
 //! batching scheduler ([`super::synthetic`]): it prefills the processed prompt (every
 //! token but the last), the last token is the row of the decode step that yields the
-//! first token (charged [`StepCosts::step_us_with_first`]), prompt rows get at least
+//! first token (charged [`den_protocol::engine_plan::StepCosts::step_us_with_first`]), prompt rows get at least
 //! [`MIN_PROMPT_ROWS`] of a step however many decode, and a completed request's computed
 //! blocks are checkpointed into the RAM tier (else SSD).
 

@@ -1,12 +1,12 @@
 //! The execution queue of one device: one OS thread that owns the page memory and runs
-//! an iteration-level batching scheduler ([`scheduler`]): each step one decode token for
+//! an iteration-level batching scheduler (`scheduler`): each step one decode token for
 //! every running decode plus prompt rows within a token budget; a restore's chunks are
 //! scattered between steps as their fetches deliver them (fetched off this thread,
 //! `worker::fetch`), and checkpoint captures run whole between steps (spec §3.7, §3.10).
 //!
 //! The engine is a real model when the worker was given one (den-model's forward pass
 //! over the route's pages, sampled), else the synthetic one (model-free, see
-//! `crate::engine`, and [`scheduler`]'s `synthetic`): the same scheduler, steps really
+//! `crate::engine`, and `scheduler`'s `synthetic`): the same scheduler, steps really
 //! spend their declared costs on this thread, rows written into pages are the
 //! deterministic synthetic KV of (model, position, token), and output tokens are the
 //! engine's deterministic stream. Restores take the exact chunk chain as the fetch

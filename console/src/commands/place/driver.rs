@@ -147,7 +147,7 @@ impl PlaceDriver {
 
     /// Resumes a stored fence straight into reconciliation (after rechecking the
     /// management identity). Never re-posts. The reconcile deadline is recomputed from
-    /// now; the hard expiry stays absolute (see [`super::clock`]).
+    /// now; the hard expiry stays absolute (see `clock`).
     pub async fn resume(self, stored: StoredFence) -> Result<Outcome, PlaceError> {
         let fence = self
             .clock

@@ -19,7 +19,7 @@
 //! Time base: the workflow runs on logical milliseconds since the driver was created
 //! ([`Clock`]); fences on disk hold wall-clock UNIX milliseconds. On resume the
 //! reconcile deadline is recomputed from the moment of resumption; the hard expiry stays
-//! absolute (see [`clock`]).
+//! absolute (see `clock`).
 //!
 //! Credentials: every request, the probe included, goes through one
 //! [`ManagementClient`], which sends its bearer token to its own origin only and never
