@@ -122,15 +122,20 @@ pub fn gelu_f16(x: f32) -> f32 {
 /// ggml's `ggml_table_gelu_f16`: for every f16 bit pattern, GELU of it as f16. Built once
 /// (128 KiB, ~1 ms), and no `tanh` per element after that. One entry of padding after
 /// the last: the SIMD lookup gathers 4 bytes from each entry's start.
-fn gelu_table() -> &'static [u16] {
-    static TABLE: OnceLock<Vec<u16>> = OnceLock::new();
+fn gelu_table() -> &'static GeluTable {
+    static TABLE: OnceLock<Box<GeluTable>> = OnceLock::new();
     TABLE.get_or_init(|| {
-        (0..=u16::MAX)
-            .map(|h| f32_to_f16(gelu_f32(f16_to_f32(h))))
-            .chain(std::iter::once(0))
-            .collect()
+        let mut t = Box::new([0u16; GELU_TABLE_LEN]);
+        for (h, v) in (0..=u16::MAX).zip(t.iter_mut()) {
+            *v = f32_to_f16(gelu_f32(f16_to_f32(h)));
+        }
+        t
     })
 }
+
+/// Every f16 bit pattern and the padding entry.
+const GELU_TABLE_LEN: usize = (1 << 16) + 1;
+type GeluTable = [u16; GELU_TABLE_LEN];
 
 /// ggml's `ggml_gelu_f32` as GCC compiles it: `1 + A·x·x` contracted into one FMA
 /// (`-ffp-contract=fast`, GCC's default), which moves some table entries by an f16 step.
@@ -507,17 +512,10 @@ mod avx2 {
 
     /// [`super::gelu_f16`]`(g) × u` eight at a time: F16C's round-to-nearest-even
     /// conversion (the software one's), the table gathered, the same ±10 clamps, the same
-    /// product. `table` is [`super::gelu_table`] (65,537 entries).
+    /// product.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) fn geglu(table: &[u16], g: &[f32], u: &[f32], out: &mut [f32]) {
+    pub(super) fn geglu(table: &super::GeluTable, g: &[f32], u: &[f32], out: &mut [f32]) {
         let n = out.len().min(g.len()).min(u.len());
-        if table.len() <= usize::from(u16::MAX) + 1 {
-            // Not the padded table: the lanes' gathers could read past it.
-            for ((y, g), u) in out[..n].iter_mut().zip(&g[..n]).zip(&u[..n]) {
-                *y = super::gelu_f16(*g) * u;
-            }
-            return;
-        }
         let (gc, gr) = g[..n].as_chunks::<8>();
         let (uc, ur) = u[..n].as_chunks::<8>();
         let (oc, or) = out[..n].as_chunks_mut::<8>();
@@ -525,8 +523,8 @@ mod avx2 {
         let hi = _mm256_set1_ps(10.0);
         let low16 = _mm256_set1_epi32(0xffff);
         for ((g, u), y) in gc.iter().zip(uc).zip(oc) {
-            // SAFETY: 8 f32s each; the gather reads 4 bytes at entry `h` of a table of
-            // 65,537 u16s (h ≤ 65,535), inside it.
+            // SAFETY: 8 f32s each; the gather reads 4 bytes at entry `h` ≤ 65,535 of a
+            // table of 65,537 u16s (its type), inside it.
             unsafe {
                 let x = _mm256_loadu_ps(g.as_ptr());
                 let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x);

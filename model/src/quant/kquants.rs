@@ -16,7 +16,7 @@ use super::half;
 /// `j < 4` the low 6 bits of bytes `j` and `j + 4`; for `j >= 4` a nibble of byte `j + 4`
 /// plus the top 2 bits of bytes `j - 4` (scale) and `j` (min).
 #[inline]
-fn scale_min(j: usize, s: &[u8; 12]) -> (u8, u8) {
+pub(crate) fn scale_min(j: usize, s: &[u8; 12]) -> (u8, u8) {
     if j < 4 {
         (s[j] & 63, s[j + 4] & 63)
     } else {
@@ -25,6 +25,24 @@ fn scale_min(j: usize, s: &[u8; 12]) -> (u8, u8) {
             (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
         )
     }
+}
+
+/// All 8 of [`scale_min`] at once, as llama.cpp's kernels unpack them: with shifts and
+/// masks over three words instead of per sub-block (the SIMD kernels' form).
+#[inline(always)]
+pub(crate) fn scales_mins(s: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
+    const KMASK1: u32 = 0x3f3f_3f3f;
+    const KMASK2: u32 = 0x0f0f_0f0f;
+    const KMASK3: u32 = 0x0303_0303;
+    let w = |i: usize| u32::from_le_bytes([s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]]);
+    let (u0, u1, u2) = (w(0), w(1), w(2));
+    let sc_hi = (u2 & KMASK2) | (((u0 >> 6) & KMASK3) << 4);
+    let mn_hi = ((u2 >> 4) & KMASK2) | (((u1 >> 6) & KMASK3) << 4);
+    let join = |a: u32, b: u32| {
+        let (a, b) = (a.to_le_bytes(), b.to_le_bytes());
+        [a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]]
+    };
+    (join(u0 & KMASK1, sc_hi), join(u1 & KMASK1, mn_hi))
 }
 
 pub(super) fn q4_k(b: &[u8; 144], y: &mut [f32; 256]) {
@@ -67,6 +85,27 @@ pub(super) fn q6_k(b: &[u8; 210], y: &mut [f32; 256]) {
             y[l + 32] = s(1) * f32::from(q2);
             y[l + 64] = s(2) * f32::from(q3);
             y[l + 96] = s(3) * f32::from(q4);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The packed unpacking is the per-sub-block one, for every value of each byte in
+    /// every position (the bits of one byte never reach another's field but its own).
+    #[test]
+    fn scales_mins_equal_scale_min_for_every_byte() {
+        for pos in 0..12 {
+            for v in 0..=255u8 {
+                let mut s = [0x5au8; 12];
+                s[pos] = v;
+                let (sc, mn) = scales_mins(&s);
+                for j in 0..8 {
+                    assert_eq!((sc[j], mn[j]), scale_min(j, &s), "byte {pos} = {v}, j {j}");
+                }
+            }
         }
     }
 }

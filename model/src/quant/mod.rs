@@ -10,7 +10,7 @@
 //! over quantized weights needs.
 
 mod float;
-mod kquants;
+pub(crate) mod kquants;
 mod legacy;
 mod size;
 

@@ -239,7 +239,6 @@ fn heads_f16<K: KvPages>(
     out: &mut [f32],
 ) -> Result<(), KvError> {
     let hd = shape.head_dim;
-    let ps = kv.page_size();
     let n = kv_heads.len();
     let heads = n * group;
     let run_bytes = n * hd * KV_ELEM_BYTES;
@@ -253,14 +252,7 @@ fn heads_f16<K: KvPages>(
     ts.acc[..heads * hd].fill(0.0);
     for t in first_visible(query.pos, shape.window)..=query.pos {
         prefetch_ahead(kv, query.seq, t, query.pos, [k_at, v_at], run_bytes);
-        let (page, slot) = query.seq.locate_or_err(t, ps)?;
-        let r = kv.row(page, slot).ok_or(KvError::NoRow { page, slot })?;
-        let size = || KvError::RowSize {
-            got: r.len(),
-            expected: k_at.max(v_at) + run_bytes,
-        };
-        let kb = r.get(k_at..k_at + run_bytes).ok_or_else(size)?;
-        let vb = r.get(v_at..v_at + run_bytes).ok_or_else(size)?;
+        let (kb, vb) = key_runs(kv, query.seq, t, [k_at, v_at], run_bytes)?;
         let (kf, vf) = ts.head.split_at_mut(n * hd);
         k.f16_to_f32(kb, kf);
         k.f16_to_f32(vb, &mut vf[..n * hd]);
@@ -289,6 +281,25 @@ fn heads_f16<K: KvPages>(
 /// Asks for the K and V bytes (`len` from each of `at`) of the key [`PREFETCH_KEYS`] after
 /// `t`, if it is at most `last`: keys lie a row apart (23 KB for SmolLM2), a stride the
 /// hardware prefetchers do not follow.
+/// Key `t`'s K and V bytes (`len` each, at `at[0]` and `at[1]` of its row).
+fn key_runs<'k, K: KvPages>(
+    kv: &'k K,
+    seq: &Sequence,
+    t: u32,
+    at: [usize; 2],
+    len: usize,
+) -> Result<(&'k [u8], &'k [u8]), KvError> {
+    let (page, slot) = seq.locate_or_err(t, kv.page_size())?;
+    let r = kv.row(page, slot).ok_or(KvError::NoRow { page, slot })?;
+    let size = || KvError::RowSize {
+        got: r.len(),
+        expected: at[0].max(at[1]) + len,
+    };
+    let kb = r.get(at[0]..at[0] + len).ok_or_else(size)?;
+    let vb = r.get(at[1]..at[1] + len).ok_or_else(size)?;
+    Ok((kb, vb))
+}
+
 fn prefetch_ahead<K: KvPages>(
     kv: &K,
     seq: &Sequence,

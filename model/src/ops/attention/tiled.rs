@@ -16,7 +16,7 @@
 //! row and scoring by one dot product at a time: 62 tokens/s of prefill at 2,048 tokens
 //! of context on SmolLM2 against llama.cpp's 120 (BENCHMARKS.md).
 
-use super::{AttnShape, Query, first_visible, prefetch_ahead};
+use super::{AttnShape, Query, first_visible, key_runs, prefetch_ahead};
 use crate::kv::{KV_ELEM_BYTES, KvError, KvPages};
 use crate::ops::ggml_round;
 use crate::ops::kernels::Kernels;
@@ -96,7 +96,6 @@ pub(super) fn tile_task<'s, K: KvPages>(
     let group = shape.n_head / n_kv;
     let qdim = shape.n_head * hd;
     let heads = tile.len * group;
-    let ps = kv.page_size();
     let head_bytes = hd * KV_ELEM_BYTES;
     let k_at = shape.k_off + g * head_bytes;
     let v_at = shape.v_off + g * head_bytes;
@@ -138,14 +137,7 @@ pub(super) fn tile_task<'s, K: KvPages>(
         }
         for tk in 0..kt {
             prefetch_ahead(kv, seq, (c0 + tk) as u32, hi, [k_at, v_at], head_bytes);
-            let (page, slot) = seq.locate_or_err((c0 + tk) as u32, ps)?;
-            let row = kv.row(page, slot).ok_or(KvError::NoRow { page, slot })?;
-            let size = || KvError::RowSize {
-                got: row.len(),
-                expected: k_at.max(v_at) + head_bytes,
-            };
-            let kb = row.get(k_at..k_at + head_bytes).ok_or_else(size)?;
-            let vb = row.get(v_at..v_at + head_bytes).ok_or_else(size)?;
+            let (kb, vb) = key_runs(kv, seq, (c0 + tk) as u32, [k_at, v_at], head_bytes)?;
             k.f16_to_f32(kb, &mut one[..hd]);
             for (d, x) in one[..hd].iter().enumerate() {
                 kt_buf[d * KV_TILE + tk] = *x;

@@ -2,7 +2,7 @@
 
 use std::arch::x86_64::*;
 
-use super::super::kernels::{Q8Rows, prefetch_weights, scale_min_k4};
+use super::super::kernels::{Q8Rows, prefetch_weights, q4k_scales};
 use crate::ggml_type::{GgmlType, QK_K};
 
 /// Activation rows from which llama.cpp's tiled K-quant matmul takes over from
@@ -69,19 +69,15 @@ unsafe fn rows<const NR: usize>(
     }
 }
 
+/// llama.cpp's Q4_K GEMV order, for the activation rows after the last whole group of
+/// four (which [`q4k_four`] takes, in its GEMM order): per 256, one integer
+/// `Σ_j sc_j·Σ q·x` and one `Σ_j m_j·Σ x`, each added by FMA with `d_w·d_x` and
+/// `dmin_w·d_x`.
+///
 /// # Safety
 /// AVX2, FMA, F16C; `w` a whole Q4_K row of `x.n`; `x` holds rows r0..r0 + NR.
-///
-/// `PER_64`: one FMA per two sub-blocks (64 elements) instead of one per 256, as
-/// llama.cpp's GEMM adds for the activation rows in whole groups of 4; the rows after
-/// the last whole group go through its GEMV, one FMA per 256.
 #[inline(always)]
-unsafe fn q4k<const NR: usize, const PER_64: bool>(
-    w: &[u8],
-    x: &Q8Rows,
-    r0: usize,
-    out: &mut [f32],
-) {
+unsafe fn q4k<const NR: usize>(w: &[u8], x: &Q8Rows, r0: usize, out: &mut [f32]) {
     // SAFETY: the caller's contract; every offset below stays inside a 144-byte block
     // of `w` or a 256-element block of a row of `x`.
     unsafe {
@@ -91,24 +87,11 @@ unsafe fn q4k<const NR: usize, const PER_64: bool>(
         for b in 0..x.n / QK_K {
             let p = w.as_ptr().add(b * 144);
             let (dd, dmin) = (h(p), h(p.add(2)));
-            let scales = &*p.add(4).cast::<[u8; 12]>();
+            let (scales, mins) = q4k_scales(&*p.cast::<[u8; 144]>());
             let mut sc = [_mm256_setzero_si256(); 8];
-            let mut mn = [0i32; 8];
-            for j in 0..8 {
-                let (s, m) = scale_min_k4(j, scales);
-                sc[j] = _mm256_set1_epi16(i16::from(s));
-                mn[j] = i32::from(m);
+            for (v, s) in sc.iter_mut().zip(scales) {
+                *v = _mm256_set1_epi16(i16::from(s));
             }
-            // Σ m_j × Σx over sub-blocks j0..j1 of row r.
-            let mins = |r: usize, j0: usize, j1: usize| {
-                let bs = xb[r].add(b * 16);
-                let sum = |j: usize| i32::from(*bs.add(2 * j)) + i32::from(*bs.add(2 * j + 1));
-                (j0..j1)
-                    .zip(&mn[j0..j1])
-                    .map(|(j, m)| m * sum(j))
-                    .sum::<i32>()
-            };
-            let xds: [f32; NR] = std::array::from_fn(|r| *xd[r].add(b * 8));
             let mut ia = [_mm256_setzero_si256(); NR];
             for c in 0..4 {
                 let raw = load(p.add(16 + 32 * c));
@@ -121,45 +104,25 @@ unsafe fn q4k<const NR: usize, const PER_64: bool>(
                     let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x1), sc[2 * c + 1]);
                     ia[r] = _mm256_add_epi32(ia[r], _mm256_add_epi32(p0, p1));
                 }
-                if PER_64 {
-                    for r in 0..NR {
-                        let i = hsum_i32(ia[r]);
-                        ia[r] = _mm256_setzero_si256();
-                        acc[r] = (i as f32).mul_add(dd * xds[r], acc[r]);
-                        let m = mins(r, 2 * c, 2 * c + 2);
-                        accm[r] = (m as f32).mul_add(dmin * xds[r], accm[r]);
-                    }
-                }
             }
-            if !PER_64 {
-                for r in 0..NR {
-                    acc[r] = (hsum_i32(ia[r]) as f32).mul_add(dd * xds[r], acc[r]);
-                    accm[r] = (mins(r, 0, 8) as f32).mul_add(dmin * xds[r], accm[r]);
-                }
+            for r in 0..NR {
+                // Σ_j m_j × (Σx of the j-th 32), from the sums of 16.
+                let bs = xb[r].add(b * 16);
+                let m: i32 = (0..8)
+                    .map(|j| {
+                        i32::from(mins[j])
+                            * (i32::from(*bs.add(2 * j)) + i32::from(*bs.add(2 * j + 1)))
+                    })
+                    .sum();
+                let xd = *xd[r].add(b * 8);
+                acc[r] = (hsum_i32(ia[r]) as f32).mul_add(dd * xd, acc[r]);
+                accm[r] = (m as f32).mul_add(dmin * xd, accm[r]);
             }
         }
         for r in 0..NR {
             out[r0 + r] = acc[r] - accm[r];
         }
     }
-}
-
-/// The 8 scales and 8 mins of a Q4_K block (`scale_min_k4` for j = 0..8), as
-/// llama.cpp unpacks them: with shifts and masks over three words, not per j.
-#[inline(always)]
-fn scales_mins_k4(s: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
-    const KMASK1: u32 = 0x3f3f_3f3f;
-    const KMASK2: u32 = 0x0f0f_0f0f;
-    const KMASK3: u32 = 0x0303_0303;
-    let w = |i: usize| u32::from_le_bytes([s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]]);
-    let (u0, u1, u2) = (w(0), w(1), w(2));
-    let sc_hi = (u2 & KMASK2) | (((u0 >> 6) & KMASK3) << 4);
-    let mn_hi = ((u2 >> 4) & KMASK2) | (((u1 >> 6) & KMASK3) << 4);
-    let join = |a: u32, b: u32| {
-        let (a, b) = (a.to_le_bytes(), b.to_le_bytes());
-        [a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]]
-    };
-    (join(u0 & KMASK1, sc_hi), join(u1 & KMASK1, mn_hi))
 }
 
 /// `[Σa, Σb, Σc, Σd]` of four registers of eight i32 lanes: integer sums, so the
@@ -173,10 +136,10 @@ unsafe fn hsum4_i32(a: __m256i, b: __m256i, c: __m256i, d: __m256i) -> __m128i {
     }
 }
 
-/// [`q4k`] for four activation rows in llama.cpp's GEMM order (`PER_64`), the rows
-/// in the lanes of one register: the same integers, FMAs and bits per row, with the
-/// horizontal sums, scales and mins done for the four rows at once (they were two
-/// thirds of the instructions of a block).
+/// Q4_K for a whole group of four activation rows in llama.cpp's GEMM order (as its
+/// `ggml_gemm_q4_K_8x8_q8_K`): like [`q4k`], but the two integers are added by FMA per
+/// two sub-blocks (64 elements), not per 256. The four rows sit in the lanes of one
+/// register for the horizontal sums, scales, mins and FMAs.
 ///
 /// # Safety
 /// As [`q4k`], with `x` holding rows r0..r0 + 4.
@@ -200,7 +163,7 @@ unsafe fn q4k_four<const VNNI: bool>(w: &[u8], x: &Q8Rows, r0: usize, out: &mut 
         for b in 0..x.n / QK_K {
             let p = w.as_ptr().add(b * 144);
             let (dd, dmin) = (h(p), h(p.add(2)));
-            let (scales, mins) = scales_mins_k4(&*p.add(4).cast::<[u8; 12]>());
+            let (scales, mins) = q4k_scales(&*p.cast::<[u8; 144]>());
             let sc16 = _mm256_cvtepu8_epi16(_mm_loadl_epi64(scales.as_ptr().cast()));
             let sc16 = _mm256_permute2x128_si256::<0x00>(sc16, sc16);
             let mn = _mm_loadl_epi64(mins.as_ptr().cast());
@@ -504,7 +467,7 @@ pub(in crate::ops) unsafe fn matrix<const VNNI: bool>(
         };
     }
     if ty == GgmlType::Q4_K {
-        tile!(q4k_four::<VNNI>, q4k::<2, false>, q4k::<1, false>);
+        tile!(q4k_four::<VNNI>, q4k::<2>, q4k::<1>);
     } else if rows >= TILED_FROM_ROWS {
         tile!(q6k_four_tiled::<VNNI>, q6k::<2, true>, q6k::<1, true>);
     } else {

@@ -3,8 +3,9 @@
 //! integers are right, not just consistently wrong).
 
 use super::super::kernels::tests::{Rng, random_row};
-use super::super::kernels::{Kernels, Q8Rows, scale_min_k4};
+use super::super::kernels::{Kernels, Q8Rows};
 use crate::ggml_type::GgmlType;
+use crate::quant::kquants::scale_min;
 use crate::quant::{dequantize, f16_to_f32};
 
 /// Block `b`'s 256 quants (unsigned) and their scale index per 16 (Q6_K) or 32 (Q4_K).
@@ -55,7 +56,8 @@ fn reference(ty: GgmlType, w: &[u8], x: &Q8Rows, i: usize, batch: usize) -> f32 
             let q = quants(ty, blk);
             let sm: Vec<(i32, i32)> = (0..8)
                 .map(|j| {
-                    let (s, m) = scale_min_k4(j, &blk[4..16]);
+                    let scales: &[u8; 12] = blk[4..16].try_into().unwrap();
+                    let (s, m) = scale_min(j, scales);
                     (i32::from(s), i32::from(m))
                 })
                 .collect();

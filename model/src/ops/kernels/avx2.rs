@@ -218,12 +218,7 @@ pub(super) fn unpack(ty: GgmlType, bytes: &[u8], u: &mut Unpacked) -> bool {
             {
                 let dd = h(b[0], b[1]);
                 let dmin = h(b[2], b[3]);
-                let scales = &b[4..16];
-                for j in 0..8 {
-                    let (sc, mn) = super::scale_min_k4(j, scales);
-                    d[j] = dd * f32::from(sc);
-                    m[j] = -(dmin * f32::from(mn));
-                }
+                super::q4k_factors(b, dd, dmin, d, m);
                 for c in 0..4 {
                     // SAFETY: bytes 16 + 32c .. 48 + 32c of a 144-byte block, c < 4.
                     let raw = unsafe { load32(b.as_ptr().add(16 + 32 * c)) };
@@ -556,7 +551,8 @@ impl Decoder for DQ4K {
         unsafe {
             let dd = h_at(b);
             let dmin = h_at(b.add(2));
-            let scales = &*b.add(4).cast::<[u8; 12]>();
+            let (mut d, mut m) = ([0.0f32; 8], [0.0f32; 8]);
+            super::q4k_factors(&*b.cast::<[u8; 144]>(), dd, dmin, &mut d, &mut m);
             let m4 = _mm256_set1_epi8(0x0f);
             let ones = _mm256_set1_epi16(1);
             for c in 0..4 {
@@ -565,11 +561,10 @@ impl Decoder for DQ4K {
                     (2 * c, _mm256_and_si256(raw, m4)),
                     (2 * c + 1, _mm256_and_si256(_mm256_srli_epi16::<4>(raw), m4)),
                 ] {
-                    let (sc, mn) = super::scale_min_k4(j, scales);
                     out[j] = Dec {
                         q,
-                        d: dd * f32::from(sc),
-                        m: -(dmin * f32::from(mn)),
+                        d: d[j],
+                        m: m[j],
                         sc: ones,
                     };
                 }

@@ -477,16 +477,21 @@ fn f16_round(x: f32) -> f32 {
     f16_to_f32(super::half::f32_to_f16(x))
 }
 
-/// Q4_K's 6-bit scale and min of sub-block `j` (ggml's `get_scale_min_k4`).
+/// The 8 scales and mins of a 144-byte Q4_K block (its bytes 4..16).
 #[inline(always)]
-pub(super) fn scale_min_k4(j: usize, s: &[u8]) -> (u8, u8) {
-    if j < 4 {
-        (s[j] & 63, s[j + 4] & 63)
-    } else {
-        (
-            (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4),
-            (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
-        )
+pub(super) fn q4k_scales(block: &[u8]) -> ([u8; 8], [u8; 8]) {
+    let mut s = [0u8; 12];
+    s.copy_from_slice(&block[4..16]);
+    crate::quant::kquants::scales_mins(&s)
+}
+
+/// An unpacked Q4_K block's per-32 factors: `d[j] = d·scale_j`, `m[j] = −dmin·min_j`.
+#[inline(always)]
+pub(super) fn q4k_factors(block: &[u8], dd: f32, dmin: f32, d: &mut [f32], m: &mut [f32]) {
+    let (scales, mins) = q4k_scales(block);
+    for ((d, m), (sc, mn)) in d.iter_mut().zip(m).zip(scales.into_iter().zip(mins)) {
+        *d = dd * f32::from(sc);
+        *m = -(dmin * f32::from(mn));
     }
 }
 
@@ -564,15 +569,9 @@ fn unpack_body<H: Half>(ty: GgmlType, bytes: &[u8], u: &mut Unpacked) -> bool {
             {
                 let dd = H::h2f(b[0], b[1]);
                 let dmin = H::h2f(b[2], b[3]);
-                let scales = &b[4..16];
+                q4k_factors(b, dd, dmin, d, m);
                 let qs = &b[16..144];
                 for c in 0..4 {
-                    let (s1, m1) = scale_min_k4(2 * c, scales);
-                    let (s2, m2) = scale_min_k4(2 * c + 1, scales);
-                    d[2 * c] = dd * f32::from(s1);
-                    m[2 * c] = -(dmin * f32::from(m1));
-                    d[2 * c + 1] = dd * f32::from(s2);
-                    m[2 * c + 1] = -(dmin * f32::from(m2));
                     let (lo, hi) = q[64 * c..64 * c + 64].split_at_mut(32);
                     for ((lo, hi), b) in lo.iter_mut().zip(hi).zip(&qs[32 * c..32 * c + 32]) {
                         *lo = (b & 0x0f) as i8;
