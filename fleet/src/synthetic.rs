@@ -44,9 +44,12 @@
 //! | `restore_bytes_per_s`, `restore_chunk_ms` | — (undeclared) | restore operation |
 //! | `capture_bytes_per_s` | — (undeclared) | capture operation |
 //!
-//! The restore and capture rates are **fixed defaults** (300 MB/s + 0.02 ms per chunk,
-//! 2 GB/s), set from measurements on the project's machine, not measured at run time;
-//! what they stand for: a restore
+//! On the synthetic engine the restore and capture rates are **fixed defaults** (300
+//! MB/s plus 0.02 ms per chunk, 2 GB/s), set from measurements on the project's machine,
+//! not measured at run time. With `--model-file`, `den-fleet validate` replaces the RAM path's
+//! and the SSD read's rates by what the real workers measured — only where their metrics
+//! show they read that way (`rates` records which; run it with a RAM tier smaller than
+//! the slice's KV and `--ssd-bytes` to measure both). What the rates stand for: a restore
 //! from the RAM tier decodes the stored chunk (a SHA-256 pass), copies it into pages and,
 //! with `--verify-restores` (the default), regenerates and compares every row. With small
 //! rows (`--kv-bytes-per-token 256`) this is a few µs per KiB plus a fixed cost per
@@ -82,6 +85,24 @@ pub struct SyntheticEngine {
     /// then derived from it ([`SyntheticEngine::measured`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub measured: Option<StepCosts>,
+}
+
+/// The tier rates real workers measured, bytes/s (`None`: no worker read that way, so the
+/// profile keeps its default).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct MeasuredRates {
+    /// A RAM-tier read then the upload into pages ([`SyntheticProfile::restore_bytes_per_s`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore_bytes_per_s: Option<f64>,
+    /// An SSD-tier read ([`SyntheticProfile::ssd_read_bytes_per_s`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ssd_read_bytes_per_s: Option<f64>,
+}
+
+impl MeasuredRates {
+    pub fn is_empty(&self) -> bool {
+        self.restore_bytes_per_s.is_none() && self.ssd_read_bytes_per_s.is_none()
+    }
 }
 
 impl SyntheticEngine {
@@ -163,6 +184,10 @@ pub struct SyntheticProfile {
     /// --model-file`): the steps cost this instead of the three declared costs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub measured: Option<StepCosts>,
+    /// Which of the restore rates above the workers measured (`den-fleet validate
+    /// --model-file`); the others are this profile's defaults.
+    #[serde(default, skip_serializing_if = "MeasuredRates::is_empty")]
+    pub rates: MeasuredRates,
 }
 
 impl Default for SyntheticProfile {
@@ -186,6 +211,7 @@ impl Default for SyntheticProfile {
             capture_bytes_per_s: 2e9,
             ssd_read_bytes_per_s: 1e9,
             measured: None,
+            rates: MeasuredRates::default(),
         }
     }
 }

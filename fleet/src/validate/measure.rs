@@ -1,6 +1,7 @@
 //! Sending a scaled slice through a real router by timestamp, measuring each request at
 //! the client.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -8,6 +9,7 @@ use futures_util::StreamExt;
 use serde::Serialize;
 use serde_json::{Value, json};
 
+use crate::synthetic::MeasuredRates;
 use crate::{ScaledTrace, SyntheticEngine, SyntheticProfile};
 use den_protocol::candidate::Tier;
 use den_protocol::engine_plan::StepCosts;
@@ -18,6 +20,10 @@ const DRAIN: Duration = Duration::from_secs(600);
 
 /// Before the first arrival, so every request is built and every task waiting.
 const LEAD: Duration = Duration::from_millis(300);
+
+/// How long a refused request's client waits before sending it again (den's
+/// `Retry-After`, and the simulated client's wait, `den_fleet::replay`).
+const RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// How often the workers' measured costs are sampled through a real-model run.
 const SAMPLE_EVERY: Duration = Duration::from_secs(1);
@@ -40,8 +46,12 @@ pub struct Measured {
     pub prompt_tokens: Option<u32>,
     /// Tokens generated.
     pub output_tokens: u32,
-    /// Offers made (1 unless a worker declined or timed out).
+    /// Offers made (1 unless a worker declined or timed out), in the request that
+    /// was served.
     pub attempts: usize,
+    /// Times the router refused the request (no worker could hold it) before it was
+    /// served; the client sent it again a second after each.
+    pub refusals: u32,
     pub error: Option<String>,
 }
 
@@ -71,7 +81,7 @@ pub async fn replay(router: &str, slice: &ScaledTrace, vocab: Option<u32>) -> Ve
         }
     };
     let url = format!("{}/v1/generate", router.trim_end_matches('/'));
-    let bodies: Vec<Vec<u8>> = slice
+    let bodies: Vec<Value> = slice
         .requests
         .iter()
         .enumerate()
@@ -80,41 +90,63 @@ pub async fn replay(router: &str, slice: &ScaledTrace, vocab: Option<u32>) -> Ve
             if let Some(v) = vocab {
                 tokens.iter_mut().for_each(|t| *t %= v.max(1));
             }
-            let body = json!({
+            json!({
                 "id": format!("validate-{i}"),
                 "tokens": tokens,
                 "max_new_tokens": r.output_tokens,
                 "deadline_ms": DRAIN.as_millis() as u64,
-            });
-            serde_json::to_vec(&body).unwrap_or_default()
+            })
         })
         .collect();
     let start = tokio::time::Instant::now() + LEAD;
     let last = slice.requests.last().map_or(0, |r| r.arrival_us);
     let deadline = start + Duration::from_micros(last) + DRAIN;
     let mut tasks = Vec::with_capacity(bodies.len());
-    for (r, body) in slice.requests.iter().zip(bodies) {
+    for (i, (r, mut body)) in slice.requests.iter().zip(bodies).enumerate() {
         let at = start + Duration::from_micros(r.arrival_us);
         tokio::time::sleep_until(at).await;
         let lag = tokio::time::Instant::now().saturating_duration_since(at);
         let t0 = Instant::now();
-        let sent = client
-            .post(&url)
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(body)
-            .send();
-        let sent = tokio::time::timeout_at(deadline, sent).await;
+        let (client, url) = (client.clone(), url.clone());
+        let post = move |body: &Value| {
+            client
+                .post(&url)
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(serde_json::to_vec(body).unwrap_or_default())
+                .send()
+        };
+        let sent = tokio::time::timeout_at(deadline, post(&body)).await;
+        let post = post.clone();
         tasks.push(tokio::spawn(async move {
-            let result = match sent {
-                Ok(Ok(resp)) => read(resp, t0).await,
-                Ok(Err(e)) => Err(format!("request failed: {e}")),
-                Err(_) => Err("the router did not answer".to_owned()),
+            let mut sent = sent;
+            let mut refusals = 0u32;
+            let result = loop {
+                let outcome = match sent {
+                    Ok(Ok(resp)) => read(resp, t0).await,
+                    Ok(Err(e)) => Err(Failed::Other(format!("request failed: {e}"))),
+                    Err(_) => Err(Failed::Other("the router did not answer".to_owned())),
+                };
+                match outcome {
+                    // As the simulated client does (and den's 503 asks): the same
+                    // request again after `Retry-After`, its TTFT still counted from
+                    // the first send. A new id: the refused one is the router's record.
+                    Err(Failed::Refused(_))
+                        if tokio::time::Instant::now() + RETRY_AFTER < deadline =>
+                    {
+                        refusals += 1;
+                        tokio::time::sleep(RETRY_AFTER).await;
+                        body["id"] = json!(format!("validate-{i}-retry-{refusals}"));
+                        sent = tokio::time::timeout_at(deadline, post(&body)).await;
+                    }
+                    other => break other.map_err(Failed::message),
+                }
             };
             let mut m = result.unwrap_or_else(|e| Measured {
                 error: Some(e),
                 ..Measured::default()
             });
             m.send_lag_ms = lag.as_secs_f64() * 1e3;
+            m.refusals = refusals;
             m
         }));
     }
@@ -151,10 +183,15 @@ pub struct WorkerCalibration {
     pub prefill_ms_per_token: f64,
     /// Measured first-token cost (EWMA), ms.
     pub first_token_ms: f64,
-    /// Measured RAM-tier read throughput, bytes/ms (absent before the first read).
+    /// Measured RAM-tier read throughput, bytes/ms (absent: the worker read nothing
+    /// from its RAM tier, so its heartbeat's rate is a default).
     pub ram_read_bytes_per_ms: Option<f64>,
-    /// Measured host → page upload throughput, bytes/ms.
-    pub upload_bytes_per_ms: f64,
+    /// Measured SSD-tier read throughput, bytes/ms (absent as for RAM).
+    pub ssd_read_bytes_per_ms: Option<f64>,
+    /// Measured host → page upload throughput, bytes/ms (absent: nothing uploaded).
+    pub upload_bytes_per_ms: Option<f64>,
+    /// What the worker moved, from its metrics.
+    pub moved: Moved,
 }
 
 /// The workers' last heartbeats as the router holds them (empty when unreachable).
@@ -186,39 +223,122 @@ pub async fn sample_observations(router: String, into: Arc<Mutex<Vec<Observation
     }
 }
 
-/// What each worker reports of its own costs.
-pub fn calibration(observations: &[Observation]) -> Vec<WorkerCalibration> {
+/// What each worker reports of its own costs; a rate only where `moved` shows the worker
+/// measured it.
+pub fn calibration(
+    observations: &[Observation],
+    moved: &BTreeMap<String, Moved>,
+) -> Vec<WorkerCalibration> {
     observations
         .iter()
-        .map(|o| WorkerCalibration {
-            worker: o.worker_id.to_string(),
-            prefill_ms_per_token: o.prefill_ms_per_token,
-            first_token_ms: o.first_token_ms,
-            ram_read_bytes_per_ms: o
-                .tier_throughput_bytes_per_ms
-                .get(&den_protocol::candidate::Tier::Ram)
-                .copied(),
-            upload_bytes_per_ms: o.gpu_restore_bytes_per_ms,
+        .map(|o| {
+            let worker = o.worker_id.to_string();
+            let m = moved.get(&worker).copied().unwrap_or_default();
+            let rate = |tier: Tier, bytes: u64| {
+                (bytes > 0)
+                    .then(|| o.tier_throughput_bytes_per_ms.get(&tier).copied())
+                    .flatten()
+            };
+            WorkerCalibration {
+                prefill_ms_per_token: o.prefill_ms_per_token,
+                first_token_ms: o.first_token_ms,
+                ram_read_bytes_per_ms: rate(Tier::Ram, m.ram_read_bytes),
+                ssd_read_bytes_per_ms: rate(Tier::Ssd, m.ssd_read_bytes),
+                upload_bytes_per_ms: (m.upload_bytes > 0).then_some(o.gpu_restore_bytes_per_ms),
+                moved: m,
+                worker,
+            }
         })
         .collect()
 }
 
+/// Bytes one worker moved through the run, from its metrics at the end: which of the
+/// rates its heartbeats carry it measured, and which are still its defaults (a worker
+/// reports a default rate for a tier it never read from).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Moved {
+    pub ram_read_bytes: u64,
+    pub ssd_read_bytes: u64,
+    /// Checkpoints written into the SSD tier.
+    pub ssd_write_bytes: u64,
+    /// Host buffer → page arena (restores).
+    pub upload_bytes: u64,
+}
+
+impl Moved {
+    /// Reads the counters out of a worker's Prometheus text (`den_tier_io_bytes_total`,
+    /// `den_transfer_bytes_total`); a missing counter is 0.
+    pub fn parse(metrics: &str) -> Moved {
+        let mut m = Moved::default();
+        for line in metrics.lines() {
+            let Some((series, value)) = line.rsplit_once(' ') else {
+                continue;
+            };
+            let Ok(v) = value.trim().parse::<f64>() else {
+                continue;
+            };
+            let bytes = if v.is_finite() && v > 0.0 {
+                v as u64
+            } else {
+                0
+            };
+            let has = |label: &str| series.contains(label);
+            if series.starts_with("den_tier_io_bytes_total{") {
+                let read = has("direction=\"read\"");
+                if has("tier=\"ram\"") && read {
+                    m.ram_read_bytes += bytes;
+                } else if has("tier=\"ssd\"") && read {
+                    m.ssd_read_bytes += bytes;
+                } else if has("tier=\"ssd\"") && has("direction=\"write\"") {
+                    m.ssd_write_bytes += bytes;
+                }
+            } else if series.starts_with("den_transfer_bytes_total{") && has("direction=\"upload\"")
+            {
+                m.upload_bytes += bytes;
+            }
+        }
+        m
+    }
+}
+
+/// What each worker of `workers` moved (by worker name); a worker whose metrics cannot
+/// be read is left out, so its rates count as unmeasured.
+pub async fn moved(workers: &[den_agent::local_cluster::LocalWorker]) -> BTreeMap<String, Moved> {
+    let mut out = BTreeMap::new();
+    for w in workers {
+        let url = format!("{}/metrics", w.metrics_url.trim_end_matches('/'));
+        let Ok(resp) = reqwest::get(&url).await else {
+            continue;
+        };
+        if let Ok(text) = resp.text().await {
+            out.insert(w.name.clone(), Moved::parse(&text));
+        }
+    }
+    out
+}
+
 /// `base` with what real-model workers measured and reported in their heartbeats: their
-/// step costs (the mean of each term over the workers, which run the same model on the
-/// same host), their pool (pages, page size, bytes per KV row) and their restore rate
-/// (RAM-tier read then upload into pages, one after the other). The simulator's fleet
-/// of identical workers then models these workers instead of the synthetic profile.
+/// step costs (the mean of each term over `samples`, heartbeats taken through the run
+/// from workers that run the same model on the same host), their pool (pages, page size,
+/// bytes per KV row), and the restore rates they measured by the end of the run (`last`,
+/// their final heartbeats): the RAM path (a RAM-tier read, then the upload into pages,
+/// one after the other) and the SSD tier's read. A rate counts only from a worker whose
+/// metrics show it moved bytes that way (`moved`): a worker reports a default for a tier
+/// it never read, and a default is not a measurement. What no worker measured keeps
+/// `base`'s value, and [`SyntheticProfile::rates`] records which are measured.
 /// Errors when a worker has published no measured steps yet.
 pub fn measured_profile(
     base: &SyntheticProfile,
-    observations: &[Observation],
+    samples: &[Observation],
+    last: &[Observation],
+    moved: &BTreeMap<String, Moved>,
 ) -> Result<SyntheticProfile, String> {
-    if observations.is_empty() {
+    if samples.is_empty() {
         return Err("no worker observation to read measured costs from".into());
     }
     let mut sum = [0.0f64; 4];
     let mut batch_tokens = u32::MAX;
-    for o in observations {
+    for o in samples {
         let plan = o.engine.as_ref().ok_or_else(|| {
             format!(
                 "worker {} published no engine plan: it has measured no steps",
@@ -247,33 +367,21 @@ pub fn measured_profile(
         }
         batch_tokens = batch_tokens.min(plan.max_batched_tokens.max(1));
     }
-    let n = observations.len() as f64;
+    let n = samples.len() as f64;
     let [
         step_us,
         row_us,
         attention_us_per_position,
         context_us_per_token,
     ] = sum.map(|s| s / n);
-    let pages = observations
+    let pages = samples
         .iter()
         .map(|o| o.pool.total_pages)
         .min()
         .unwrap_or(base.pages);
-    let page_size = observations[0].page_size.max(1);
-    let kv_bytes_per_token = (observations[0].pool.page_bytes / page_size as u64).max(1);
-    let rates: Vec<f64> = observations
-        .iter()
-        .filter_map(|o| {
-            let read = *o.tier_throughput_bytes_per_ms.get(&Tier::Ram)?;
-            let upload = o.gpu_restore_bytes_per_ms;
-            (read > 0.0 && upload > 0.0).then(|| 1e3 / (1.0 / read + 1.0 / upload))
-        })
-        .collect();
-    let restore_bytes_per_s = if rates.is_empty() {
-        base.restore_bytes_per_s
-    } else {
-        rates.iter().sum::<f64>() / rates.len() as f64
-    };
+    let page_size = samples[0].page_size.max(1);
+    let kv_bytes_per_token = (samples[0].pool.page_bytes / page_size as u64).max(1);
+    let rates = measured_rates(last, moved);
     let costs = StepCosts::Fitted {
         step_us,
         row_us,
@@ -294,29 +402,72 @@ pub fn measured_profile(
         } else {
             batch_tokens
         },
-        restore_bytes_per_s,
+        restore_bytes_per_s: rates
+            .restore_bytes_per_s
+            .unwrap_or(base.restore_bytes_per_s),
+        ssd_read_bytes_per_s: rates
+            .ssd_read_bytes_per_s
+            .unwrap_or(base.ssd_read_bytes_per_s),
         measured: Some(costs),
+        rates,
         ..base.clone()
     })
 }
 
+/// The mean over workers of each rate they measured (bytes/s; `None`: none did).
+fn measured_rates(last: &[Observation], moved: &BTreeMap<String, Moved>) -> MeasuredRates {
+    let mean = |v: Vec<f64>| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
+    let mut ram = Vec::new();
+    let mut ssd = Vec::new();
+    for o in last {
+        let Some(m) = moved.get(&o.worker_id.to_string()) else {
+            continue;
+        };
+        let upload = o.gpu_restore_bytes_per_ms;
+        if let Some(&read) = o.tier_throughput_bytes_per_ms.get(&Tier::Ram)
+            && m.ram_read_bytes > 0
+            && m.upload_bytes > 0
+            && read > 0.0
+            && upload > 0.0
+        {
+            ram.push(1e3 / (1.0 / read + 1.0 / upload));
+        }
+        if let Some(&read) = o.tier_throughput_bytes_per_ms.get(&Tier::Ssd)
+            && m.ssd_read_bytes > 0
+            && read > 0.0
+        {
+            ssd.push(read * 1e3);
+        }
+    }
+    MeasuredRates {
+        restore_bytes_per_s: mean(ram),
+        ssd_read_bytes_per_s: mean(ssd),
+    }
+}
+
 /// Reads one response sent at `t0`: the measurement, or a one-line error.
-async fn read(resp: reqwest::Response, t0: Instant) -> Result<Measured, String> {
+async fn read(resp: reqwest::Response, t0: Instant) -> Result<Measured, Failed> {
     if !resp.status().is_success() {
         let status = resp.status();
         let text = resp.text().await.unwrap_or_default();
-        return Err(format!("{status}: {}", text.trim()));
+        let message = format!("{status}: {}", text.trim());
+        return Err(if status == reqwest::StatusCode::SERVICE_UNAVAILABLE {
+            Failed::Refused(message)
+        } else {
+            Failed::Other(message)
+        });
     }
     let mut stream = resp.bytes_stream();
     let mut buf: Vec<u8> = Vec::new();
     let mut first: Option<f64> = None;
     let mut output = 0u32;
     while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| format!("stream failed: {e}"))?;
+        let chunk = chunk.map_err(|e| Failed::Other(format!("stream failed: {e}")))?;
         buf.extend_from_slice(&chunk);
         while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
             let line: Vec<u8> = buf.drain(..=pos).collect();
-            let v: Value = serde_json::from_slice(&line).map_err(|e| format!("bad line: {e}"))?;
+            let v: Value = serde_json::from_slice(&line)
+                .map_err(|e| Failed::Other(format!("bad line: {e}")))?;
             match v["type"].as_str() {
                 Some("delta") => {
                     first.get_or_insert_with(|| t0.elapsed().as_secs_f64() * 1e3);
@@ -339,14 +490,37 @@ async fn read(resp: reqwest::Response, t0: Instant) -> Result<Measured, String> 
                     });
                 }
                 Some("error") => {
-                    return Err(v["message"].as_str().unwrap_or("error").to_owned());
+                    let message = v["message"].as_str().unwrap_or("error").to_owned();
+                    return Err(if v["error"]["kind"] == "no-feasible-worker" {
+                        Failed::Refused(message)
+                    } else {
+                        Failed::Other(message)
+                    });
                 }
-                Some("cancelled") => return Err("cancelled".into()),
+                Some("cancelled") => return Err(Failed::Other("cancelled".into())),
                 _ => {}
             }
         }
     }
-    Err("the stream ended without a terminal line".into())
+    Err(Failed::Other(
+        "the stream ended without a terminal line".into(),
+    ))
+}
+
+/// How a request failed: refused (no worker could hold it now; the client may send it
+/// again), or anything else (final).
+#[derive(Debug)]
+enum Failed {
+    Refused(String),
+    Other(String),
+}
+
+impl Failed {
+    fn message(self) -> String {
+        match self {
+            Failed::Refused(m) | Failed::Other(m) => m,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -380,7 +554,17 @@ mod tests {
             worker("a", fitted(60_000.0, 2_000.0), 256),
             worker("b", fitted(70_000.0, 3_000.0), 200),
         ];
-        let p = measured_profile(&base, &obs).unwrap();
+        let moved = |ram: u64, ssd: u64, upload: u64| Moved {
+            ram_read_bytes: ram,
+            ssd_read_bytes: ssd,
+            ssd_write_bytes: ssd,
+            upload_bytes: upload,
+        };
+        let read = BTreeMap::from([
+            ("a".to_owned(), moved(1 << 20, 0, 1 << 20)),
+            ("b".to_owned(), moved(1 << 20, 0, 1 << 20)),
+        ]);
+        let p = measured_profile(&base, &obs, &obs, &read).unwrap();
         assert_eq!(p.measured, Some(fitted(65_000.0, 2_500.0)));
         assert_eq!(
             (p.pages, p.page_size, p.kv_bytes_per_token),
@@ -389,6 +573,10 @@ mod tests {
         assert_eq!(p.batch_tokens, 64);
         // A RAM read at 1 GB/s, then an upload at 4 GB/s: 0.8 GB/s end to end.
         assert!((p.restore_bytes_per_s - 0.8e9).abs() < 1.0);
+        assert_eq!(p.rates.restore_bytes_per_s, Some(p.restore_bytes_per_s));
+        // Nobody read the SSD tier: its rate stays the profile's, marked unmeasured.
+        assert_eq!(p.ssd_read_bytes_per_s, base.ssd_read_bytes_per_s);
+        assert_eq!(p.rates.ssd_read_bytes_per_s, None);
         assert_eq!(p.chunk_tokens, 32);
         // The simulator's steps cost the fit: 65 ms + 10 rows of 2.5 ms + 8 µs × 45
         // positions.
@@ -410,12 +598,80 @@ mod tests {
             worker("a", fitted(1.0, 1.0), 10),
             worker("w-synth", declared, 10),
         ];
-        let e = measured_profile(&base, &obs).unwrap_err();
+        let none = BTreeMap::new();
+        let e = measured_profile(&base, &obs, &obs, &none).unwrap_err();
         assert!(e.contains("w-synth") && e.contains("declared"), "{e}");
         let mut silent = Observation::new("w-quiet", "n");
         silent.engine = None;
-        let e = measured_profile(&base, &[silent]).unwrap_err();
+        let e = measured_profile(&base, &[silent], &[], &none).unwrap_err();
         assert!(e.contains("w-quiet"), "{e}");
-        assert!(measured_profile(&base, &[]).is_err());
+        assert!(measured_profile(&base, &[], &[], &none).is_err());
+    }
+
+    #[test]
+    fn a_rate_counts_only_from_a_worker_that_moved_bytes_that_way() {
+        let base = SyntheticProfile::validation(32);
+        let mut a = worker("a", fitted(60_000.0, 2_000.0), 256);
+        a.tier_throughput_bytes_per_ms.insert(Tier::Ssd, 500e3);
+        let mut b = worker("b", fitted(60_000.0, 2_000.0), 256);
+        // b's heartbeat carries rates too, but they are its defaults: it read nothing.
+        b.tier_throughput_bytes_per_ms.insert(Tier::Ram, 9e9);
+        b.tier_throughput_bytes_per_ms.insert(Tier::Ssd, 9e9);
+        let obs = [a, b];
+        let moved = BTreeMap::from([
+            (
+                "a".to_owned(),
+                Moved {
+                    ram_read_bytes: 0,
+                    ssd_read_bytes: 4 << 20,
+                    ssd_write_bytes: 8 << 20,
+                    upload_bytes: 4 << 20,
+                },
+            ),
+            ("b".to_owned(), Moved::default()),
+        ]);
+        let p = measured_profile(&base, &obs, &obs, &moved).unwrap();
+        assert_eq!(p.rates.ssd_read_bytes_per_s, Some(500e6));
+        assert_eq!(p.ssd_read_bytes_per_s, 500e6);
+        // No worker read its RAM tier: the RAM path keeps the profile's rate.
+        assert_eq!(p.rates.restore_bytes_per_s, None);
+        assert_eq!(p.restore_bytes_per_s, base.restore_bytes_per_s);
+        // A worker whose metrics could not be read measured nothing either.
+        let p = measured_profile(&base, &obs, &obs, &BTreeMap::new()).unwrap();
+        assert!(p.rates.is_empty());
+        // The profile file says which rates were measured, and reads back the same.
+        let json = serde_json::to_string(&p).unwrap();
+        assert!(!json.contains("rates"), "{json}");
+        let p = measured_profile(&base, &obs, &obs, &moved).unwrap();
+        let back: SyntheticProfile =
+            serde_json::from_str(&serde_json::to_string(&p).unwrap()).unwrap();
+        assert_eq!(back, p);
+    }
+
+    #[test]
+    fn the_bytes_moved_are_read_from_the_workers_metrics() {
+        let text = "\
+# HELP den_tier_io_bytes_total Bytes read from and written to each storage tier.
+# TYPE den_tier_io_bytes_total counter
+den_tier_io_bytes_total{tier=\"ram\",direction=\"read\"} 1500
+den_tier_io_bytes_total{tier=\"ram\",direction=\"write\"} 99999
+den_tier_io_bytes_total{tier=\"ssd\",direction=\"read\"} 4.5e6
+den_tier_io_bytes_total{direction=\"write\",tier=\"ssd\"} 8000
+den_tier_io_bytes_total{tier=\"object\",direction=\"read\"} 777
+den_transfer_bytes_total{direction=\"download\"} 12
+den_transfer_bytes_total{direction=\"upload\"} 6000
+den_transfer_bytes_total{direction=\"upload\"} NaN
+garbage line
+";
+        assert_eq!(
+            Moved::parse(text),
+            Moved {
+                ram_read_bytes: 1500,
+                ssd_read_bytes: 4_500_000,
+                ssd_write_bytes: 8000,
+                upload_bytes: 6000,
+            }
+        );
+        assert_eq!(Moved::parse(""), Moved::default());
     }
 }

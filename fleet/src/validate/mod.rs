@@ -50,7 +50,7 @@ use crate::{
 };
 
 pub use self::follow::FollowRouter;
-pub use self::measure::{Measured, WorkerCalibration, measured_profile};
+pub use self::measure::{Measured, Moved, WorkerCalibration, measured_profile};
 pub use self::report::{Errors, Row, Summary, ValidationReport, worker_index};
 
 /// Options of `den-fleet validate`.
@@ -95,15 +95,22 @@ pub struct ValidateArgs {
     /// Workers' --decode-ms-per-token (and the simulator's).
     #[arg(long, value_name = "MS", default_value_t = 2.0)]
     pub decode_ms_per_token: f64,
-    /// Workers' --pages (and the simulator's pool).
-    #[arg(long, value_name = "N", default_value_t = 8192)]
-    pub pages: u32,
+    /// Workers' --pages (and the simulator's pool) [default: 8192 on the synthetic
+    /// engine; with --model-file, the worker's own default unless given].
+    #[arg(long, value_name = "N")]
+    pub pages: Option<u32>,
     /// Workers' --kv-bytes-per-token (and the simulator's block bytes).
     #[arg(long, value_name = "BYTES", default_value = "256", value_parser = parse_bytes)]
     pub kv_bytes_per_token: u64,
     /// Workers' --ram-bytes (and the simulator's RAM tier).
     #[arg(long, value_name = "BYTES", default_value = "1GiB", value_parser = parse_bytes)]
     pub ram_bytes: u64,
+    /// Workers' --ssd-bytes (and the simulator's SSD tier); 0: none. Each worker's SSD
+    /// tier lives under its data directory in the system's temporary directory. With a
+    /// RAM tier smaller than the slice's KV, restores read from it, and `--save-profile`
+    /// records the read rate the workers measured.
+    #[arg(long, value_name = "BYTES", default_value = "0", value_parser = parse_bytes)]
+    pub ssd_bytes: u64,
     /// The router's --heartbeat-interval, ms: how stale its view of each worker's queue
     /// may be (den-agent's default is 1000).
     #[arg(long, value_name = "MS", default_value_t = 100)]
@@ -154,9 +161,10 @@ impl Default for ValidateArgs {
             prefill_ms_per_token: 0.1,
             first_token_ms: 5.0,
             decode_ms_per_token: 2.0,
-            pages: 8192,
+            pages: None,
             kv_bytes_per_token: 256,
             ram_bytes: 1 << 30,
+            ssd_bytes: 0,
             heartbeat_ms: 100,
             json: false,
             rows: false,
@@ -171,6 +179,9 @@ impl Default for ValidateArgs {
 
 /// Requests replayed when neither `--requests` nor `--window` is given.
 pub const DEFAULT_REQUESTS: usize = 40;
+
+/// The synthetic engine's pool when `--pages` is not given.
+const SYNTHETIC_PAGES: u32 = 8192;
 
 /// Token rows per page of the workers (their default; the simulator counts blocks).
 const PAGE_SIZE: u32 = 16;
@@ -248,7 +259,7 @@ pub fn plan(args: &ValidateArgs) -> Result<Plan, String> {
             return Err(format!("{name} {v}: give a finite number of ms ≥ 0"));
         }
     }
-    if args.pages == 0 || args.kv_bytes_per_token == 0 {
+    if args.pages == Some(0) || args.kv_bytes_per_token == 0 {
         return Err("--pages and --kv-bytes-per-token must be positive".into());
     }
     let path = match &args.trace {
@@ -284,11 +295,11 @@ pub fn plan(args: &ValidateArgs) -> Result<Plan, String> {
         prefill_ms_per_token: args.prefill_ms_per_token,
         first_token_ms: args.first_token_ms,
         decode_ms_per_token: args.decode_ms_per_token,
-        pages: args.pages,
+        pages: args.pages.unwrap_or(SYNTHETIC_PAGES),
         page_size: PAGE_SIZE,
         kv_bytes_per_token: args.kv_bytes_per_token,
         ram_bytes: args.ram_bytes,
-        ssd_bytes: 0,
+        ssd_bytes: args.ssd_bytes,
         chunk_tokens: scaled.block_tokens,
         ..SyntheticProfile::default()
     };
@@ -301,7 +312,7 @@ pub fn plan(args: &ValidateArgs) -> Result<Plan, String> {
     if longest > profile.pool_tokens() {
         return Err(format!(
             "the slice's longest request needs {longest} tokens of KV but --pages {} holds {}: raise --pages or --length-scale",
-            args.pages,
+            profile.pages,
             profile.pool_tokens()
         ));
     }
@@ -390,6 +401,7 @@ pub async fn run(args: &ValidateArgs, agent: PathBuf) -> Result<String, String> 
     let measured = measure::replay(&cluster.router_url, &plan.slice, vocab).await;
     let wall_s = started.elapsed().as_secs_f64();
     let observations = measure::observations(&cluster.router_url).await;
+    let moved = measure::moved(&cluster.workers).await;
     if let Some(task) = sampler {
         task.abort();
     }
@@ -403,7 +415,7 @@ pub async fn run(args: &ValidateArgs, agent: PathBuf) -> Result<String, String> 
         // The simulated workers are these workers: their measured steps, pool and
         // restore rate (the profile's declared costs are not the model's).
         samples.extend(observations.iter().cloned());
-        plan.profile = measure::measured_profile(&plan.profile, &samples)?;
+        plan.profile = measure::measured_profile(&plan.profile, &samples, &observations, &moved)?;
         plan.fleet.cost = plan.profile.cost_model();
     }
     if let Some(path) = &args.save_profile {
@@ -431,7 +443,7 @@ pub async fn run(args: &ValidateArgs, agent: PathBuf) -> Result<String, String> 
         .map_err(|e| format!("the simulation failed: {e}"))?
     };
     let mut report = ValidationReport::new(args, &plan, &sim, &measured, wall_s);
-    report.calibration = measure::calibration(&observations);
+    report.calibration = measure::calibration(&observations, &moved);
     if report.summary.failed > 0 {
         // Keep the logs: they say why.
         if args.json {
@@ -509,7 +521,13 @@ fn local_cluster_spec(
             args.model_threads.to_string(),
             "--ram-bytes".into(),
             p.ram_bytes.to_string(),
+            "--ssd-bytes".into(),
+            p.ssd_bytes.to_string(),
         ];
+        if let Some(pages) = args.pages {
+            spec.worker_args
+                .extend(["--pages".to_owned(), pages.to_string()]);
+        }
         spec.startup_timeout = Duration::from_secs(120);
     }
     spec
@@ -721,7 +739,7 @@ mod tests {
             ),
             (
                 ValidateArgs {
-                    pages: 4,
+                    pages: Some(4),
                     ..good.clone()
                 },
                 "--pages",

@@ -96,6 +96,10 @@ pub struct Row {
     pub real_prompt_tokens: Option<u32>,
     pub real_output_tokens: u32,
     pub attempts: usize,
+    /// Times the router refused it (no worker could hold it) before it was served; the
+    /// client sent it again a second later each time, and its TTFT counts from the
+    /// first send.
+    pub refusals: u32,
     pub send_lag_ms: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -118,6 +122,9 @@ pub struct Errors {
 pub struct Summary {
     pub completed: usize,
     pub failed: usize,
+    /// Requests the router refused at least once, and the resends in all.
+    pub refused: usize,
+    pub resends: u64,
     /// The simulator with heartbeat-lagged observations (like den-agent's router).
     pub sim_vs_measured: Errors,
     /// The simulator with current observations (the fleet study's ideal router).
@@ -191,6 +198,7 @@ impl ValidationReport {
                     real_prompt_tokens: m.prompt_tokens,
                     real_output_tokens: m.output_tokens,
                     attempts: m.attempts,
+                    refusals: m.refusals,
                     send_lag_ms: m.send_lag_ms,
                     error: m.error.clone().or_else(|| {
                         m.client_ttft_ms
@@ -271,12 +279,13 @@ impl ValidationReport {
         };
         let _ = writeln!(
             out,
-            "{} workers: {costs}, {} pages × {} tokens, {} B/token, RAM {} MiB; router heartbeat {} ms; simulator: den ({})",
+            "{} workers: {costs}, {} pages × {} tokens, {} B/token, RAM {} MiB, SSD {} MiB; router heartbeat {} ms; simulator: den ({})",
             self.workers,
             p.pages,
             p.page_size,
             p.kv_bytes_per_token,
             p.ram_bytes >> 20,
+            p.ssd_bytes >> 20,
             self.heartbeat_ms,
             self.den,
         );
@@ -288,19 +297,31 @@ impl ValidationReport {
         }
         let _ = writeln!(
             out,
-            "{} completed, {} failed, replayed in {:.1} s wall (client send lag p99 {:.1} ms, client − router TTFT {:+.1} ms mean)",
-            m.completed, m.failed, self.wall_s, m.send_lag_p99_ms, m.client_overhead_ms
+            "{} completed, {} failed, {} refused and sent again ({} resends), replayed in {:.1} s wall (client send lag p99 {:.1} ms, client − router TTFT {:+.1} ms mean)",
+            m.completed,
+            m.failed,
+            m.refused,
+            m.resends,
+            self.wall_s,
+            m.send_lag_p99_ms,
+            m.client_overhead_ms
         );
+        // A rate with the bytes it was measured on; "-" where nothing moved that way.
+        let rate = |v: Option<f64>, bytes: u64| {
+            v.map_or("-".to_owned(), |v| {
+                format!("{:.0} MB/s over {:.1} MB", v / 1e3, bytes as f64 / 1e6)
+            })
+        };
         for c in &self.calibration {
             let _ = writeln!(
                 out,
-                "  {} measured: prefill {:.4} ms/token, first token {:.2} ms, RAM reads {}, uploads {:.0} MB/s",
+                "  {} measured: prefill {:.4} ms/token, first token {:.2} ms, RAM reads {}, SSD reads {}, uploads {}",
                 c.worker,
                 c.prefill_ms_per_token,
                 c.first_token_ms,
-                c.ram_read_bytes_per_ms
-                    .map_or("-".to_owned(), |v| format!("{:.0} MB/s", v / 1e3)),
-                c.upload_bytes_per_ms / 1e3,
+                rate(c.ram_read_bytes_per_ms, c.moved.ram_read_bytes),
+                rate(c.ssd_read_bytes_per_ms, c.moved.ssd_read_bytes),
+                rate(c.upload_bytes_per_ms, c.moved.upload_bytes),
             );
         }
         let _ = writeln!(
@@ -426,6 +447,8 @@ impl Summary {
         Summary {
             completed: done.len(),
             failed: rows.len() - done.len(),
+            refused: rows.iter().filter(|r| r.refusals > 0).count(),
+            resends: rows.iter().map(|r| u64::from(r.refusals)).sum(),
             sim_vs_measured: errors(
                 done.iter()
                     .map(|r| (Some(r.sim_ttft_ms), r.measured_ttft_ms)),

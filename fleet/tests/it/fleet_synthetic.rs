@@ -30,6 +30,7 @@ fn profile(pool_blocks: u32) -> SyntheticProfile {
         capture_bytes_per_s: 1e6,
         ssd_read_bytes_per_s: 1e6,
         measured: None,
+        rates: Default::default(),
     }
 }
 

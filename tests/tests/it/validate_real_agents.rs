@@ -252,6 +252,10 @@ fn validate_on_a_real_model_pairs_every_request_with_the_routers_prediction() {
         "32",
         "--model-file",
         model.to_str().expect("utf-8 path"),
+        "--ram-bytes",
+        "16MiB",
+        "--ssd-bytes",
+        "64MiB",
         "--json",
         "--log-dir",
         dir.path().to_str().expect("utf-8 path"),
@@ -288,4 +292,30 @@ fn validate_on_a_real_model_pairs_every_request_with_the_routers_prediction() {
     );
     let sim = &report["summary"]["sim_vs_measured"];
     assert_eq!(sim["requests"], 8, "{sim}");
+    // The workers ran with an SSD tier, checkpointing into it, and the profile says so.
+    assert_eq!(profile["ssd_bytes"], 64u64 << 20, "{profile}");
+    assert_eq!(profile["ram_bytes"], 16u64 << 20, "{profile}");
+    let calibration = report["calibration"].as_array().expect("calibration");
+    assert_eq!(calibration.len(), 2, "{calibration:?}");
+    let moved = |c: &Value, k: &str| c["moved"][k].as_u64().expect("moved bytes");
+    assert!(
+        calibration.iter().any(|c| moved(c, "ssd_write_bytes") > 0),
+        "no worker wrote into its SSD tier: {calibration:?}"
+    );
+    // A rate is reported, and enters the profile, only from a worker that read that way:
+    // a tier nobody read keeps the profile's default, marked unmeasured.
+    for c in calibration {
+        for (rate, bytes) in [
+            ("ram_read_bytes_per_ms", "ram_read_bytes"),
+            ("ssd_read_bytes_per_ms", "ssd_read_bytes"),
+        ] {
+            assert_eq!(c[rate].is_null(), moved(c, bytes) == 0, "{rate}: {c}");
+        }
+    }
+    let read_ssd = calibration.iter().any(|c| moved(c, "ssd_read_bytes") > 0);
+    assert_eq!(
+        profile["rates"]["ssd_read_bytes_per_s"].is_null(),
+        !read_ssd,
+        "{profile}"
+    );
 }
