@@ -52,6 +52,9 @@ pub struct Measured {
     /// Times the router refused the request (no worker could hold it) before it was
     /// served; the client sent it again a second after each.
     pub refusals: u32,
+    /// First send → the send of the submission that was served, ms (0 unless refused):
+    /// the router's prediction is that submission's.
+    pub served_sent_ms: f64,
     pub error: Option<String>,
 }
 
@@ -120,6 +123,7 @@ pub async fn replay(router: &str, slice: &ScaledTrace, vocab: Option<u32>) -> Ve
         tasks.push(tokio::spawn(async move {
             let mut sent = sent;
             let mut refusals = 0u32;
+            let mut served_sent_ms = 0.0;
             let result = loop {
                 let outcome = match sent {
                     Ok(Ok(resp)) => read(resp, t0).await,
@@ -136,6 +140,7 @@ pub async fn replay(router: &str, slice: &ScaledTrace, vocab: Option<u32>) -> Ve
                         refusals += 1;
                         tokio::time::sleep(RETRY_AFTER).await;
                         body["id"] = json!(format!("validate-{i}-retry-{refusals}"));
+                        served_sent_ms = t0.elapsed().as_secs_f64() * 1e3;
                         sent = tokio::time::timeout_at(deadline, post(&body)).await;
                     }
                     other => break other.map_err(Failed::message),
@@ -147,6 +152,7 @@ pub async fn replay(router: &str, slice: &ScaledTrace, vocab: Option<u32>) -> Ve
             });
             m.send_lag_ms = lag.as_secs_f64() * 1e3;
             m.refusals = refusals;
+            m.served_sent_ms = served_sent_ms;
             m
         }));
     }

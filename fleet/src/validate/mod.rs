@@ -659,6 +659,52 @@ mod tests {
     }
 
     #[test]
+    fn a_refused_request_counts_from_its_first_send_and_the_router_from_the_served_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let args = ValidateArgs {
+            trace: Some(tiny_trace(&dir)),
+            ..ValidateArgs::default()
+        };
+        let p = plan(&args).unwrap();
+        let w = p.slice.workload();
+        let sim = Simulated {
+            lagged: run_policy(&w, &p.fleet, PolicyKind::Den),
+            fresh: run_policy(&w, &p.fresh(), PolicyKind::Den),
+            followed: run_policy(&w, &p.fleet, PolicyKind::Den),
+        };
+        let served = |ttft: f64, predicted: f64, refusals: u32, sent: f64| Measured {
+            client_ttft_ms: Some(ttft),
+            router_predicted_ttft_ms: Some(predicted),
+            worker: Some("w-1".into()),
+            cached_tokens: Some(0),
+            refusals,
+            served_sent_ms: sent,
+            ..Measured::default()
+        };
+        // The second was refused twice and served by its third submission, 2 s after the
+        // first: its TTFT is 2.5 s from the first send, 0.5 s from the served one, which
+        // the router predicted exactly.
+        let measured = [
+            served(100.0, 110.0, 0, 0.0),
+            served(2_500.0, 500.0, 2, 2_000.0),
+            served(200.0, 200.0, 0, 0.0),
+        ];
+        let report = ValidationReport::new(&args, &p, &sim, &measured, 1.0);
+        let r = &report.rows[1];
+        assert_eq!(r.measured_ttft_ms, Some(2_500.0));
+        assert_eq!(r.served_ttft_ms, Some(500.0));
+        assert_eq!(r.router_error, Some(0.0));
+        assert_eq!(report.rows[0].router_error, Some(10.0 / 100.0));
+        assert_eq!((report.summary.refused, report.summary.resends), (1, 2));
+        assert_eq!(report.summary.measured_ttft_ms.max, 2_500.0);
+        assert!(
+            report
+                .text(false)
+                .contains("1 refused and sent again (2 resends)")
+        );
+    }
+
+    #[test]
     fn the_default_options_are_the_validation_profile() {
         let dir = tempfile::tempdir().unwrap();
         let args = ValidateArgs {

@@ -82,7 +82,8 @@ pub struct Row {
     pub fresh_error: Option<f64>,
     /// |followed sim − measured| / measured.
     pub followed_error: Option<f64>,
-    /// |router predicted − measured| / measured.
+    /// |router predicted − measured| / measured, against the TTFT of the submission the
+    /// router served (after any refusals: [`Row::served_ttft_ms`]).
     pub router_error: Option<f64>,
     /// Worker index (0-based) each side chose.
     pub real_worker: Option<usize>,
@@ -100,6 +101,9 @@ pub struct Row {
     /// client sent it again a second later each time, and its TTFT counts from the
     /// first send.
     pub refusals: u32,
+    /// Client-side TTFT of the submission that was served, ms: `measured_ttft_ms` less
+    /// the refusals' waits (what the router predicted; equal unless refused).
+    pub served_ttft_ms: Option<f64>,
     pub send_lag_ms: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -172,6 +176,7 @@ impl ValidationReport {
                     ms(&sim.followed.ttft_us),
                 );
                 let error = |p: Option<f64>| relative(p, m.client_ttft_ms);
+                let served_ttft_ms = m.client_ttft_ms.map(|t| (t - m.served_sent_ms).max(0.0));
                 Row {
                     index: i,
                     line: r.line,
@@ -188,7 +193,7 @@ impl ValidationReport {
                     sim_error: error(Some(sim_ttft_ms)),
                     fresh_error: error(Some(fresh_ttft_ms)),
                     followed_error: error(Some(followed_ttft_ms)),
-                    router_error: error(m.router_predicted_ttft_ms),
+                    router_error: relative(m.router_predicted_ttft_ms, served_ttft_ms),
                     real_worker: m.worker.as_deref().and_then(worker_index),
                     sim_worker: sim.lagged.worker.get(i).copied().unwrap_or(0),
                     fresh_worker: sim.fresh.worker.get(i).copied().unwrap_or(0),
@@ -199,6 +204,7 @@ impl ValidationReport {
                     real_output_tokens: m.output_tokens,
                     attempts: m.attempts,
                     refusals: m.refusals,
+                    served_ttft_ms,
                     send_lag_ms: m.send_lag_ms,
                     error: m.error.clone().or_else(|| {
                         m.client_ttft_ms
@@ -463,7 +469,7 @@ impl Summary {
             ),
             router_vs_measured: errors(
                 done.iter()
-                    .map(|r| (r.router_predicted_ttft_ms, r.measured_ttft_ms)),
+                    .map(|r| (r.router_predicted_ttft_ms, r.served_ttft_ms)),
             ),
             worker_agreement: share(&|r| r.real_worker == Some(r.sim_worker as usize)),
             fresh_worker_agreement: share(&|r| r.real_worker == Some(r.fresh_worker as usize)),
