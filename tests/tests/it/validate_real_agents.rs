@@ -202,6 +202,70 @@ fn validate_pairs_every_request_of_a_short_slice_with_both_predictions() {
     }
 }
 
+/// A burst on one worker whose pool holds about one request at a time: the router
+/// refuses what no pool can hold yet, and the client sends it again a second later, as
+/// den's `Retry-After` asks (and as the simulated client does). Every request completes;
+/// a resent one's TTFT counts from its first send, and the router's prediction is paired
+/// with the submission it served.
+#[test]
+fn validate_sends_a_refused_request_again_and_counts_it_from_the_first_send() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let trace = trace();
+    let (code, stdout, stderr) = validate(&[
+        "--trace",
+        trace.to_str().expect("utf-8 path"),
+        "--start",
+        "60",
+        "--requests",
+        "6",
+        "--workers",
+        "1",
+        "--time-scale",
+        "1000",
+        "--length-scale",
+        "32",
+        "--pages",
+        "48",
+        "--json",
+        "--log-dir",
+        dir.path().to_str().expect("utf-8 path"),
+    ]);
+    assert_eq!(
+        code,
+        Some(0),
+        "stderr: {stderr}\nstdout: {stdout}\n{}",
+        logs(dir.path())
+    );
+    let report: Value = serde_json::from_str(&stdout).expect("--json prints one JSON report");
+    let summary = &report["summary"];
+    assert_eq!(summary["failed"], 0, "{summary}");
+    let refused = summary["refused"].as_u64().expect("refused");
+    assert!(
+        refused >= 1,
+        "a 48-page pool held the whole burst: {summary}"
+    );
+    assert!(summary["resends"].as_u64().expect("resends") >= refused);
+    let rows = report["rows"].as_array().expect("rows");
+    let mut resent = 0;
+    for (i, r) in rows.iter().enumerate() {
+        assert!(r.get("error").is_none(), "request {i} failed: {r}");
+        let measured = finite_non_negative(&r["measured_ttft_ms"], "measured TTFT");
+        let served = finite_non_negative(&r["served_ttft_ms"], "served TTFT");
+        let refusals = r["refusals"].as_u64().expect("refusals");
+        if refusals == 0 {
+            assert_eq!(measured, served, "request {i}: {r}");
+        } else {
+            resent += 1;
+            // Each refusal cost the client a second's wait before it sent again.
+            assert!(
+                measured - served >= 900.0 * refusals as f64,
+                "request {i}: {r}"
+            );
+        }
+    }
+    assert_eq!(resent, refused, "{summary}");
+}
+
 #[test]
 fn validate_refuses_bad_options_in_one_line_before_starting_anything() {
     let trace = trace();
