@@ -28,9 +28,11 @@
 //!                    [--json] [--rows] [--agent PATH] [profile flags: --prefill-ms-per-token …]
 //! ```
 //!
-//! The replay on the real agents is in `validate/measure.rs`, the report in
-//! `validate/report.rs`.
+//! The replay on the real agents is in `validate/measure.rs`, what the workers measured
+//! of themselves (and the profile built from it) in `validate/calibration.rs`, the report
+//! in `validate/report.rs`.
 
+mod calibration;
 mod follow;
 mod measure;
 mod report;
@@ -49,8 +51,9 @@ use crate::{
     SyntheticProfile, Trace, run_policy, run_with, slice,
 };
 
+pub use self::calibration::{Moved, WorkerCalibration, measured_profile};
 pub use self::follow::FollowRouter;
-pub use self::measure::{Measured, Moved, WorkerCalibration, measured_profile};
+pub use self::measure::Measured;
 pub use self::report::{Errors, Row, Summary, ValidationReport, worker_index};
 
 /// Options of `den-fleet validate`.
@@ -393,15 +396,15 @@ pub async fn run(args: &ValidateArgs, agent: PathBuf) -> Result<String, String> 
     // mean of those fits, not the last one alone.
     let samples = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let sampler = plan.model.is_some().then(|| {
-        tokio::spawn(measure::sample_observations(
+        tokio::spawn(calibration::sample_observations(
             cluster.router_url.clone(),
             samples.clone(),
         ))
     });
     let measured = measure::replay(&cluster.router_url, &plan.slice, vocab).await;
     let wall_s = started.elapsed().as_secs_f64();
-    let observations = measure::observations(&cluster.router_url).await;
-    let moved = measure::moved(&cluster.workers).await;
+    let observations = calibration::observations(&cluster.router_url).await;
+    let moved = calibration::moved(&cluster.workers).await;
     if let Some(task) = sampler {
         task.abort();
     }
@@ -415,7 +418,8 @@ pub async fn run(args: &ValidateArgs, agent: PathBuf) -> Result<String, String> 
         // The simulated workers are these workers: their measured steps, pool and
         // restore rate (the profile's declared costs are not the model's).
         samples.extend(observations.iter().cloned());
-        plan.profile = measure::measured_profile(&plan.profile, &samples, &observations, &moved)?;
+        plan.profile =
+            calibration::measured_profile(&plan.profile, &samples, &observations, &moved)?;
         plan.fleet.cost = plan.profile.cost_model();
     }
     if let Some(path) = &args.save_profile {
@@ -443,7 +447,7 @@ pub async fn run(args: &ValidateArgs, agent: PathBuf) -> Result<String, String> 
         .map_err(|e| format!("the simulation failed: {e}"))?
     };
     let mut report = ValidationReport::new(args, &plan, &sim, &measured, wall_s);
-    report.calibration = measure::calibration(&observations, &moved);
+    report.calibration = calibration::calibration(&observations, &moved);
     if report.summary.failed > 0 {
         // Keep the logs: they say why.
         if args.json {
