@@ -35,6 +35,28 @@ fn validate(args: &[&str]) -> (Option<i32>, String, String) {
     )
 }
 
+/// `validate` on the vendored trace with `args`, `--json` and a log directory: its
+/// report. A failed run fails the test with the tails of the agents' logs.
+fn report(args: &[&str]) -> Value {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let trace = trace();
+    let mut all = vec!["--trace", trace.to_str().expect("utf-8 path")];
+    all.extend_from_slice(args);
+    all.extend([
+        "--json",
+        "--log-dir",
+        dir.path().to_str().expect("utf-8 path"),
+    ]);
+    let (code, stdout, stderr) = validate(&all);
+    assert_eq!(
+        code,
+        Some(0),
+        "stderr: {stderr}\nstdout: {stdout}\n{}",
+        logs(dir.path())
+    );
+    serde_json::from_str(&stdout).expect("--json prints one JSON report")
+}
+
 /// Tails of the processes' logs, for a failure message.
 fn logs(dir: &Path) -> String {
     let mut out = String::new();
@@ -60,11 +82,7 @@ fn finite_non_negative(v: &Value, what: &str) -> f64 {
 
 #[test]
 fn validate_pairs_every_request_of_a_short_slice_with_both_predictions() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let trace = trace();
-    let (code, stdout, stderr) = validate(&[
-        "--trace",
-        trace.to_str().expect("utf-8 path"),
+    let report = report(&[
         "--start",
         "60",
         "--requests",
@@ -81,17 +99,7 @@ fn validate_pairs_every_request_of_a_short_slice_with_both_predictions() {
         "0.5",
         "--pages",
         "2048",
-        "--json",
-        "--log-dir",
-        dir.path().to_str().expect("utf-8 path"),
     ]);
-    assert_eq!(
-        code,
-        Some(0),
-        "stderr: {stderr}\nstdout: {stdout}\n{}",
-        logs(dir.path())
-    );
-    let report: Value = serde_json::from_str(&stdout).expect("--json prints one JSON report");
     assert_eq!(report["workers"], 3);
     assert_eq!(report["slice"]["block_tokens"], 16);
     let rows = report["rows"].as_array().expect("rows");
@@ -209,11 +217,7 @@ fn validate_pairs_every_request_of_a_short_slice_with_both_predictions() {
 /// with the submission it served.
 #[test]
 fn validate_sends_a_refused_request_again_and_counts_it_from_the_first_send() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let trace = trace();
-    let (code, stdout, stderr) = validate(&[
-        "--trace",
-        trace.to_str().expect("utf-8 path"),
+    let report = report(&[
         "--start",
         "60",
         "--requests",
@@ -226,17 +230,7 @@ fn validate_sends_a_refused_request_again_and_counts_it_from_the_first_send() {
         "32",
         "--pages",
         "48",
-        "--json",
-        "--log-dir",
-        dir.path().to_str().expect("utf-8 path"),
     ]);
-    assert_eq!(
-        code,
-        Some(0),
-        "stderr: {stderr}\nstdout: {stdout}\n{}",
-        logs(dir.path())
-    );
-    let report: Value = serde_json::from_str(&stdout).expect("--json prints one JSON report");
     let summary = &report["summary"];
     assert_eq!(summary["failed"], 0, "{summary}");
     let refused = summary["refused"].as_u64().expect("refused");
@@ -299,11 +293,7 @@ fn validate_on_a_real_model_pairs_every_request_with_the_routers_prediction() {
     let Some(model) = den_tests::environment::model_file("smollm2-135m-instruct-q4_1.gguf") else {
         return;
     };
-    let dir = tempfile::tempdir().expect("temp dir");
-    let trace = trace();
-    let (code, stdout, stderr) = validate(&[
-        "--trace",
-        trace.to_str().expect("utf-8 path"),
+    let report = report(&[
         "--start",
         "60",
         "--requests",
@@ -320,17 +310,7 @@ fn validate_on_a_real_model_pairs_every_request_with_the_routers_prediction() {
         "16MiB",
         "--ssd-bytes",
         "64MiB",
-        "--json",
-        "--log-dir",
-        dir.path().to_str().expect("utf-8 path"),
     ]);
-    assert_eq!(
-        code,
-        Some(0),
-        "stderr: {stderr}\nstdout: {stdout}\n{}",
-        logs(dir.path())
-    );
-    let report: Value = serde_json::from_str(&stdout).expect("--json prints one JSON report");
     let rows = report["rows"].as_array().expect("rows");
     assert_eq!(rows.len(), 8);
     for (i, r) in rows.iter().enumerate() {
