@@ -237,6 +237,28 @@ fn escape(v: &str) -> String {
         .replace('\n', "\\n")
 }
 
+/// The value of the series `name` with exactly `labels` (in any order) in exposition
+/// text such as [`Metrics::render`] writes, as a client scraping `/metrics` reads it;
+/// `None` when the text has no such series or its value is not a number.
+pub fn read_value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    let want: BTreeMap<&str, &str> = labels.iter().copied().collect();
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.rsplit_once(' '))
+        .find(|(series, _)| {
+            let (n, l) = series
+                .split_once('{')
+                .map_or((*series, ""), |(n, rest)| (n, rest.trim_end_matches('}')));
+            let got: BTreeMap<&str, &str> = l
+                .split(',')
+                .filter_map(|p| p.split_once('='))
+                .map(|(k, v)| (k, v.trim_matches('"')))
+                .collect();
+            n == name && got == want
+        })
+        .and_then(|(_, v)| v.trim().parse().ok())
+}
+
 fn fmt_value(v: f64) -> String {
     if v.fract() == 0.0 && v.abs() < 1e15 {
         format!("{}", v as i64)
@@ -248,6 +270,32 @@ fn fmt_value(v: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn what_render_writes_read_value_reads_back() {
+        let m = Metrics::new();
+        let io = "den_tier_io_bytes_total";
+        m.counter_add(io, "h", &[("tier", "ssd"), ("direction", "read")], 4.5e6);
+        m.counter_add(io, "h", &[("tier", "ssd"), ("direction", "write")], 8000.0);
+        m.counter_add(io, "h", &[("tier", "ram"), ("direction", "read")], 1500.0);
+        m.gauge_set("den_up", "h", &[], 1.0);
+        let text = m.render();
+        let read = |name, labels: &[(&str, &str)]| read_value(&text, name, labels);
+        // Labels in any order; exactly the set asked for.
+        assert_eq!(
+            read(io, &[("direction", "read"), ("tier", "ssd")]),
+            Some(4.5e6)
+        );
+        assert_eq!(
+            read(io, &[("tier", "ram"), ("direction", "read")]),
+            Some(1500.0)
+        );
+        assert_eq!(read(io, &[("tier", "ram"), ("direction", "write")]), None);
+        assert_eq!(read(io, &[("tier", "ssd")]), None);
+        assert_eq!(read("den_up", &[]), Some(1.0));
+        assert_eq!(read("den_down", &[]), None);
+        assert_eq!(read_value("den_up NaN-ish\n", "den_up", &[]), None);
+    }
 
     #[test]
     fn renders_counters_gauges_and_histograms() {

@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use den_agent::metrics::read_value;
+
 use crate::synthetic::MeasuredRates;
 use crate::{SyntheticEngine, SyntheticProfile};
 use den_protocol::candidate::Tier;
@@ -77,17 +79,18 @@ pub fn calibration(
         .map(|o| {
             let worker = o.worker_id.to_string();
             let m = moved.get(&worker).copied().unwrap_or_default();
+            // A rate only where bytes moved that way (else it is the worker's default).
+            let measured =
+                |bytes: u64, v: Option<f64>| v.filter(|v| bytes > 0 && v.is_finite() && *v > 0.0);
             let rate = |tier: Tier, bytes: u64| {
-                (bytes > 0)
-                    .then(|| o.tier_throughput_bytes_per_ms.get(&tier).copied())
-                    .flatten()
+                measured(bytes, o.tier_throughput_bytes_per_ms.get(&tier).copied())
             };
             WorkerCalibration {
                 prefill_ms_per_token: o.prefill_ms_per_token,
                 first_token_ms: o.first_token_ms,
                 ram_read_bytes_per_ms: rate(Tier::Ram, m.ram_read_bytes),
                 ssd_read_bytes_per_ms: rate(Tier::Ssd, m.ssd_read_bytes),
-                upload_bytes_per_ms: (m.upload_bytes > 0).then_some(o.gpu_restore_bytes_per_ms),
+                upload_bytes_per_ms: measured(m.upload_bytes, Some(o.gpu_restore_bytes_per_ms)),
                 moved: m,
                 worker,
             }
@@ -109,38 +112,26 @@ pub struct Moved {
 }
 
 impl Moved {
-    /// Reads the counters out of a worker's Prometheus text (`den_tier_io_bytes_total`,
-    /// `den_transfer_bytes_total`); a missing counter is 0.
+    /// Reads the counters out of a worker's `/metrics` text (`den_tier_io_bytes_total`,
+    /// `den_transfer_bytes_total`); a missing or unreadable counter is 0.
     pub fn parse(metrics: &str) -> Moved {
-        let mut m = Moved::default();
-        for line in metrics.lines() {
-            let Some((series, value)) = line.rsplit_once(' ') else {
-                continue;
-            };
-            let Ok(v) = value.trim().parse::<f64>() else {
-                continue;
-            };
-            let bytes = if v.is_finite() && v > 0.0 {
-                v as u64
-            } else {
-                0
-            };
-            let has = |label: &str| series.contains(label);
-            if series.starts_with("den_tier_io_bytes_total{") {
-                let read = has("direction=\"read\"");
-                if has("tier=\"ram\"") && read {
-                    m.ram_read_bytes += bytes;
-                } else if has("tier=\"ssd\"") && read {
-                    m.ssd_read_bytes += bytes;
-                } else if has("tier=\"ssd\"") && has("direction=\"write\"") {
-                    m.ssd_write_bytes += bytes;
-                }
-            } else if series.starts_with("den_transfer_bytes_total{") && has("direction=\"upload\"")
-            {
-                m.upload_bytes += bytes;
-            }
+        let bytes = |name, labels: &[(&str, &str)]| {
+            read_value(metrics, name, labels)
+                .filter(|v| v.is_finite() && *v > 0.0)
+                .map_or(0, |v| v as u64)
+        };
+        let io = |tier, direction| {
+            bytes(
+                "den_tier_io_bytes_total",
+                &[("tier", tier), ("direction", direction)],
+            )
+        };
+        Moved {
+            ram_read_bytes: io("ram", "read"),
+            ssd_read_bytes: io("ssd", "read"),
+            ssd_write_bytes: io("ssd", "write"),
+            upload_bytes: bytes("den_transfer_bytes_total", &[("direction", "upload")]),
         }
-        m
     }
 }
 
@@ -163,18 +154,15 @@ pub async fn moved(workers: &[den_agent::local_cluster::LocalWorker]) -> BTreeMa
 /// `base` with what real-model workers measured and reported in their heartbeats: their
 /// step costs (the mean of each term over `samples`, heartbeats taken through the run
 /// from workers that run the same model on the same host), their pool (pages, page size,
-/// bytes per KV row), and the restore rates they measured by the end of the run (`last`,
-/// their final heartbeats): the RAM path (a RAM-tier read, then the upload into pages,
-/// one after the other) and the SSD tier's read. A rate counts only from a worker whose
-/// metrics show it moved bytes that way (`moved`): a worker reports a default for a tier
-/// it never read, and a default is not a measurement. What no worker measured keeps
-/// `base`'s value, and [`SyntheticProfile::rates`] records which are measured.
-/// Errors when a worker has published no measured steps yet.
+/// bytes per KV row), and the restore rates each measured by the end of the run
+/// (`workers`, from [`calibration`]: a rate only where the worker moved bytes that way):
+/// the RAM path and the SSD tier's read. What no worker measured keeps `base`'s value,
+/// and [`SyntheticProfile::rates`] records which are measured. Errors when a worker has
+/// published no measured steps yet.
 pub fn measured_profile(
     base: &SyntheticProfile,
     samples: &[Observation],
-    last: &[Observation],
-    moved: &BTreeMap<String, Moved>,
+    workers: &[WorkerCalibration],
 ) -> Result<SyntheticProfile, String> {
     if samples.is_empty() {
         return Err("no worker observation to read measured costs from".into());
@@ -224,7 +212,7 @@ pub fn measured_profile(
         .unwrap_or(base.pages);
     let page_size = samples[0].page_size.max(1);
     let kv_bytes_per_token = (samples[0].pool.page_bytes / page_size as u64).max(1);
-    let rates = measured_rates(last, moved);
+    let rates = measured_rates(workers);
     let costs = StepCosts::Fitted {
         step_us,
         row_us,
@@ -257,31 +245,18 @@ pub fn measured_profile(
     })
 }
 
-/// The mean over workers of each rate they measured (bytes/s; `None`: none did).
-fn measured_rates(last: &[Observation], moved: &BTreeMap<String, Moved>) -> MeasuredRates {
+/// The mean over workers of each rate they measured (bytes/s; `None`: none did). The
+/// RAM path is a RAM-tier read, then the upload into pages, one after the other.
+fn measured_rates(workers: &[WorkerCalibration]) -> MeasuredRates {
     let mean = |v: Vec<f64>| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
-    let mut ram = Vec::new();
-    let mut ssd = Vec::new();
-    for o in last {
-        let Some(m) = moved.get(&o.worker_id.to_string()) else {
-            continue;
-        };
-        let upload = o.gpu_restore_bytes_per_ms;
-        if let Some(&read) = o.tier_throughput_bytes_per_ms.get(&Tier::Ram)
-            && m.ram_read_bytes > 0
-            && m.upload_bytes > 0
-            && read > 0.0
-            && upload > 0.0
-        {
-            ram.push(1e3 / (1.0 / read + 1.0 / upload));
-        }
-        if let Some(&read) = o.tier_throughput_bytes_per_ms.get(&Tier::Ssd)
-            && m.ssd_read_bytes > 0
-            && read > 0.0
-        {
-            ssd.push(read * 1e3);
-        }
-    }
+    let ram = workers
+        .iter()
+        .filter_map(|c| Some(1e3 / (1.0 / c.ram_read_bytes_per_ms? + 1.0 / c.upload_bytes_per_ms?)))
+        .collect();
+    let ssd = workers
+        .iter()
+        .filter_map(|c| Some(c.ssd_read_bytes_per_ms? * 1e3))
+        .collect();
     MeasuredRates {
         restore_bytes_per_s: mean(ram),
         ssd_read_bytes_per_s: mean(ssd),
@@ -329,7 +304,7 @@ mod tests {
             ("a".to_owned(), moved(1 << 20, 0, 1 << 20)),
             ("b".to_owned(), moved(1 << 20, 0, 1 << 20)),
         ]);
-        let p = measured_profile(&base, &obs, &obs, &read).unwrap();
+        let p = measured_profile(&base, &obs, &calibration(&obs, &read)).unwrap();
         assert_eq!(p.measured, Some(fitted(65_000.0, 2_500.0)));
         assert_eq!(
             (p.pages, p.page_size, p.kv_bytes_per_token),
@@ -363,14 +338,13 @@ mod tests {
             worker("a", fitted(1.0, 1.0), 10),
             worker("w-synth", declared, 10),
         ];
-        let none = BTreeMap::new();
-        let e = measured_profile(&base, &obs, &obs, &none).unwrap_err();
+        let e = measured_profile(&base, &obs, &[]).unwrap_err();
         assert!(e.contains("w-synth") && e.contains("declared"), "{e}");
         let mut silent = Observation::new("w-quiet", "n");
         silent.engine = None;
-        let e = measured_profile(&base, &[silent], &[], &none).unwrap_err();
+        let e = measured_profile(&base, &[silent], &[]).unwrap_err();
         assert!(e.contains("w-quiet"), "{e}");
-        assert!(measured_profile(&base, &[], &[], &none).is_err());
+        assert!(measured_profile(&base, &[], &[]).is_err());
     }
 
     #[test]
@@ -395,19 +369,19 @@ mod tests {
             ),
             ("b".to_owned(), Moved::default()),
         ]);
-        let p = measured_profile(&base, &obs, &obs, &moved).unwrap();
+        let p = measured_profile(&base, &obs, &calibration(&obs, &moved)).unwrap();
         assert_eq!(p.rates.ssd_read_bytes_per_s, Some(500e6));
         assert_eq!(p.ssd_read_bytes_per_s, 500e6);
         // No worker read its RAM tier: the RAM path keeps the profile's rate.
         assert_eq!(p.rates.restore_bytes_per_s, None);
         assert_eq!(p.restore_bytes_per_s, base.restore_bytes_per_s);
         // A worker whose metrics could not be read measured nothing either.
-        let p = measured_profile(&base, &obs, &obs, &BTreeMap::new()).unwrap();
+        let p = measured_profile(&base, &obs, &calibration(&obs, &BTreeMap::new())).unwrap();
         assert!(p.rates.is_empty());
         // The profile file says which rates were measured, and reads back the same.
         let json = serde_json::to_string(&p).unwrap();
         assert!(!json.contains("rates"), "{json}");
-        let p = measured_profile(&base, &obs, &obs, &moved).unwrap();
+        let p = measured_profile(&base, &obs, &calibration(&obs, &moved)).unwrap();
         let back: SyntheticProfile =
             serde_json::from_str(&serde_json::to_string(&p).unwrap()).unwrap();
         assert_eq!(back, p);
@@ -425,7 +399,7 @@ den_tier_io_bytes_total{direction=\"write\",tier=\"ssd\"} 8000
 den_tier_io_bytes_total{tier=\"object\",direction=\"read\"} 777
 den_transfer_bytes_total{direction=\"download\"} 12
 den_transfer_bytes_total{direction=\"upload\"} 6000
-den_transfer_bytes_total{direction=\"upload\"} NaN
+den_transfer_bytes_total{direction=\"upload\",x=\"y\"} 7
 garbage line
 ";
         assert_eq!(

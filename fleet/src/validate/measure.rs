@@ -110,7 +110,6 @@ pub async fn replay(router: &str, slice: &ScaledTrace, vocab: Option<u32>) -> Ve
                 .send()
         };
         let sent = tokio::time::timeout_at(deadline, post(&body)).await;
-        let post = post.clone();
         tasks.push(tokio::spawn(async move {
             let mut sent = sent;
             let mut refusals = 0u32;

@@ -404,7 +404,8 @@ pub async fn run(args: &ValidateArgs, agent: PathBuf) -> Result<String, String> 
     let measured = measure::replay(&cluster.router_url, &plan.slice, vocab).await;
     let wall_s = started.elapsed().as_secs_f64();
     let observations = calibration::observations(&cluster.router_url).await;
-    let moved = calibration::moved(&cluster.workers).await;
+    let workers =
+        calibration::calibration(&observations, &calibration::moved(&cluster.workers).await);
     if let Some(task) = sampler {
         task.abort();
     }
@@ -418,8 +419,7 @@ pub async fn run(args: &ValidateArgs, agent: PathBuf) -> Result<String, String> 
         // The simulated workers are these workers: their measured steps, pool and
         // restore rate (the profile's declared costs are not the model's).
         samples.extend(observations.iter().cloned());
-        plan.profile =
-            calibration::measured_profile(&plan.profile, &samples, &observations, &moved)?;
+        plan.profile = calibration::measured_profile(&plan.profile, &samples, &workers)?;
         plan.fleet.cost = plan.profile.cost_model();
     }
     if let Some(path) = &args.save_profile {
@@ -447,7 +447,7 @@ pub async fn run(args: &ValidateArgs, agent: PathBuf) -> Result<String, String> 
         .map_err(|e| format!("the simulation failed: {e}"))?
     };
     let mut report = ValidationReport::new(args, &plan, &sim, &measured, wall_s);
-    report.calibration = calibration::calibration(&observations, &moved);
+    report.calibration = workers;
     if report.summary.failed > 0 {
         // Keep the logs: they say why.
         if args.json {
