@@ -286,7 +286,7 @@ impl EnginePlan {
 
     /// The prefill token budget per step that the decoding sequences leave.
     pub fn step_budget(&self) -> u32 {
-        self.max_batched_tokens.saturating_sub(self.decoding).max(1)
+        prompt_room(self.max_batched_tokens, self.decoding)
     }
 
     /// Packs the pending prefill (FCFS, ignoring ready times) into steps of the budget:
@@ -402,7 +402,7 @@ pub fn replay(plan: &EnginePlan, joiner: Option<PendingPrefill>) -> Replay {
         let decoding = plan.decoding.saturating_add(joined.len() as u32);
         let context = plan.decode_context_tokens + joined.iter().map(|j| j.1).sum::<u64>();
         visits += joined.len();
-        let mut budget = plan.max_batched_tokens.saturating_sub(decoding).max(1);
+        let mut budget = prompt_room(plan.max_batched_tokens, decoding);
         chunks.clear();
         let mut next_ready = f64::INFINITY;
         let (mut tokens, mut attention) = (0u64, 0.0);
@@ -471,6 +471,20 @@ pub fn replay(plan: &EnginePlan, joiner: Option<PendingPrefill>) -> Replay {
         joiner_finish_ms,
         visits,
     }
+}
+
+/// Prompt rows den's scheduler gives a step even when decodes fill its budget, so a
+/// long queue of decodes never starves a prefill.
+pub const MIN_PROMPT_ROWS: u32 = 16;
+
+/// Prompt rows a step of `budget` rows has room for beside `decode_rows` decodes: what
+/// they leave, and at least [`MIN_PROMPT_ROWS`] (within the budget). The one rule of the
+/// worker's scheduler, the fleet simulator's worker and [`replay`].
+pub fn prompt_room(budget: u32, decode_rows: u32) -> u32 {
+    let budget = budget.max(1);
+    budget
+        .saturating_sub(decode_rows)
+        .max(MIN_PROMPT_ROWS.min(budget))
 }
 
 /// Decode steps a request that finishes its prefill is replayed for: the mean output
@@ -587,6 +601,31 @@ mod tests {
         let with = replay(&plan, Some(pending(0, 400)));
         assert_eq!(with.finish_ms, vec![19.0]);
         assert_eq!(with.joiner_finish_ms, Some(19.0));
+    }
+
+    #[test]
+    fn decodes_never_take_a_steps_last_prompt_rows() {
+        assert_eq!(prompt_room(64, 8), 56);
+        assert_eq!(prompt_room(64, 60), MIN_PROMPT_ROWS);
+        assert_eq!(prompt_room(64, 1_000), MIN_PROMPT_ROWS);
+        assert_eq!(prompt_room(8, 100), 8);
+        assert_eq!(prompt_room(0, 0), 1);
+        // The replay packs a step as the scheduler does: beside 60 decodes in a 64-row
+        // budget, a 32-token prompt takes two steps of 16 rows, not eight of 4.
+        let costs = StepCosts::Fitted {
+            step_us: 1_000.0,
+            row_us: 10.0,
+            attention_us_per_position: 0.0,
+            context_us_per_token: 0.0,
+        };
+        let plan = EnginePlan {
+            decoding: 60,
+            ..EnginePlan::idle(64, costs)
+        };
+        assert_eq!(plan.step_budget(), MIN_PROMPT_ROWS);
+        let r = replay(&plan, Some(pending(0, 32)));
+        let one = plan.step_ms(16, 0.0, 60, 0);
+        assert_eq!(r.joiner_finish_ms, Some(2.0 * one));
     }
 
     #[test]

@@ -21,14 +21,10 @@
 //! batching scheduler ([`super::synthetic`]): it prefills the processed prompt (every
 //! token but the last), the last token is the row of the decode step that yields the
 //! first token (charged [`den_protocol::engine_plan::StepCosts::step_us_with_first`]), prompt rows get at least
-//! [`MIN_PROMPT_ROWS`] of a step however many decode, and a completed request's computed
+//! [`MIN_PROMPT_ROWS`] of a step however many decode ([`prompt_room`]), and a completed request's computed
 //! blocks are checkpointed into the RAM tier (else SSD).
 
 mod observe;
-
-/// Prompt rows den's scheduler gives a step even when decodes fill its budget (the
-/// worker's `MIN_PROMPT_ROWS`).
-pub const MIN_PROMPT_ROWS: u32 = 16;
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
@@ -38,6 +34,9 @@ use super::cost::{CostModel, Micros, positions};
 use super::link::Link;
 use super::trace::Workload;
 use den_protocol::calibration::Ewma;
+#[cfg(doc)]
+use den_protocol::engine_plan::MIN_PROMPT_ROWS;
+use den_protocol::engine_plan::prompt_room;
 
 /// Where a reused block came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -333,10 +332,11 @@ impl Worker {
         let firsts = std::mem::take(&mut self.firsts);
         let decoding = (self.decoding.len() + firsts.len()) as u32;
         let max = sh.cost.max_batched_tokens;
-        let mut budget = max.saturating_sub(decoding);
-        if sh.cost.synthetic.is_some() {
-            budget = budget.max(MIN_PROMPT_ROWS.min(max));
-        }
+        let mut budget = if sh.cost.synthetic.is_some() {
+            prompt_room(max, decoding)
+        } else {
+            max.saturating_sub(decoding)
+        };
         let mut chunks = Vec::new();
         let mut attention = 0.0;
         let mut prefill_tokens = 0u32;

@@ -32,7 +32,7 @@ use den_model::Runner;
 use den_model::kv::{ArenaRows, Sequence};
 use den_model::sample::{FinishReason, Generation, GenerationError, Step};
 use den_protocol::chunk::PrefixHash;
-use den_protocol::engine_plan::{EnginePlan, PendingPrefill, StepCosts};
+use den_protocol::engine_plan::{EnginePlan, PendingPrefill, StepCosts, prompt_room};
 use den_protocol::observation::MAX_PLAN_PENDING;
 use den_protocol::request::Token;
 use den_protocol::wire::StopReason;
@@ -658,24 +658,18 @@ pub(super) struct Filler {
     pub need: u32,
 }
 
-/// Prompt rows a step gives fillers even when decodes alone fill the budget, so a long
-/// queue of decodes never starves a prefill.
-pub(super) const MIN_PROMPT_ROWS: u32 = 16;
-
 /// One step's rows as (active index, first position, rows): every decode's next token
 /// (`decodes`: index and position, one row each), then prompt rows — repairs before
 /// prefills, each in arrival order — while `budget` lasts, and at least
-/// [`MIN_PROMPT_ROWS`] of them whatever the decodes took (spec §3: decode before repair
+/// `MIN_PROMPT_ROWS` of them whatever the decodes took ([`prompt_room`]) (spec §3: decode before repair
 /// before prefill, then arrival; prefill chunked).
 pub(super) fn plan_step(
     decodes: &[(usize, u32)],
     fillers: &[Filler],
     budget: u32,
 ) -> Vec<(usize, u32, u32)> {
-    let budget = budget.max(1);
     let mut out: Vec<(usize, u32, u32)> = decodes.iter().map(|(i, pos)| (*i, *pos, 1)).collect();
-    let used = decodes.len() as u32;
-    let mut room = budget.saturating_sub(used).max(MIN_PROMPT_ROWS.min(budget));
+    let mut room = prompt_room(budget, decodes.len() as u32);
     let mut order: Vec<&Filler> = fillers.iter().collect();
     order.sort_by_key(|f| (!f.repair, f.active));
     for f in order {
@@ -695,6 +689,7 @@ pub(super) fn plan_step(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use den_protocol::engine_plan::MIN_PROMPT_ROWS;
 
     fn filler(active: usize, repair: bool, have: u32, need: u32) -> Filler {
         Filler {
