@@ -155,7 +155,7 @@ pub async fn moved(workers: &[den_agent::local_cluster::LocalWorker]) -> BTreeMa
 /// step costs (the mean of each term over `samples`, heartbeats taken through the run
 /// from workers that run the same model on the same host), their pool (pages, page size,
 /// bytes per KV row), and the restore rates each measured by the end of the run
-/// (`workers`, from [`calibration`]: a rate only where the worker moved bytes that way):
+/// (`workers`, from `calibration`: a rate only where the worker moved bytes that way):
 /// the RAM path and the SSD tier's read. What no worker measured keeps `base`'s value,
 /// and [`SyntheticProfile::rates`] records which are measured. Errors when a worker has
 /// published no measured steps yet.
