@@ -99,6 +99,10 @@ pub struct RouterArgs {
     /// Deadline of a request that names none [default: 60s].
     #[arg(long, env = "DEN_REQUEST_DEADLINE", value_name = "DURATION", value_parser = parse_duration)]
     pub request_deadline: Option<Duration>,
+    /// Requests that may wait, oldest first, for KV pages no worker has free now; 0
+    /// refuses them at once (503, Retry-After) [default: 1024].
+    #[arg(long, env = "DEN_MAX_WAITING", value_name = "N")]
+    pub max_waiting: Option<usize>,
     /// How long finished requests' decision records are kept [default: 5m].
     #[arg(long, env = "DEN_RETENTION", value_name = "DURATION", value_parser = parse_duration)]
     pub retention: Option<Duration>,
@@ -348,6 +352,7 @@ pub struct RouterFile {
     pub heartbeat_timeout: Option<String>,
     pub offer_timeout: Option<String>,
     pub request_deadline: Option<String>,
+    pub max_waiting: Option<usize>,
     pub retention: Option<String>,
     pub chunk_size: Option<u32>,
     pub max_frame: Option<Size>,
@@ -470,6 +475,7 @@ pub fn router_options(
             .request_deadline
             .or(dur(&f.request_deadline, "router.request_deadline")?)
             .unwrap_or(d.request_deadline),
+        max_waiting: a.max_waiting.or(f.max_waiting).unwrap_or(d.max_waiting),
         retention: a
             .retention
             .or(dur(&f.retention, "router.retention")?)

@@ -98,7 +98,7 @@ impl Beats {
     pub(crate) fn dispatched(&mut self, w: usize, r: usize, work_ms: f64) {
         let Some(id) = self.ids.get(w) else { return };
         let assignment = AssignmentId::new(request_id(r), 1);
-        self.unreflected.offered(id, assignment.clone(), work_ms);
+        self.unreflected.offered(id, assignment.clone(), work_ms, 0);
         self.unreflected.answered(id, &assignment, true);
         self.refresh(w);
     }

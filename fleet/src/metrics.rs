@@ -123,6 +123,16 @@ pub struct PolicyReport {
     /// sent to the worker with the fewest requests in flight (should stay 0).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub gave_up: u64,
+    /// Requests the policy held until a worker had the KV pages for them (den's router
+    /// keeps them FCFS instead of refusing them), and the mean wait of those, ms.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub waited_requests: u64,
+    #[serde(default, skip_serializing_if = "is_zero_f64")]
+    pub mean_wait_ms: f64,
+}
+
+fn is_zero_f64(x: &f64) -> bool {
+    *x == 0.0
 }
 
 fn is_zero(x: &u64) -> bool {
@@ -296,6 +306,13 @@ impl FleetReport {
             );
         }
         for p in &self.policies {
+            if p.waited_requests > 0 {
+                let _ = writeln!(
+                    out,
+                    "{}: {} requests waited in the router for KV pages, {:.0} ms on average",
+                    p.policy, p.waited_requests, p.mean_wait_ms
+                );
+            }
             if p.client_retries > 0 {
                 let _ = writeln!(
                     out,

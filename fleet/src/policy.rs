@@ -52,6 +52,9 @@ pub struct Route {
     /// `Retry-After` when no worker can hold it), and its client submits it again this
     /// many µs later; the request's TTFT still counts from its first arrival.
     pub retry_after_us: Option<Micros>,
+    /// The policy keeps the request and routes it later, from [`Policy::admitted`]
+    /// (den's router: no worker has its KV pages now, and it waits FCFS for them).
+    pub held: bool,
 }
 
 impl Route {
@@ -64,6 +67,7 @@ impl Route {
             added_work_ms: None,
             record: None,
             retry_after_us: None,
+            held: false,
         }
     }
 }
@@ -75,6 +79,12 @@ pub trait Policy {
     /// Worker `w` sent a heartbeat (heartbeat-lagged runs only): `fleet.load(w)` is what
     /// it reported, and its tiers are as of `fleet.now`.
     fn heartbeat(&mut self, _w: usize, _fleet: &FleetView) {}
+    /// Requests the policy held ([`Route::held`]) that it routes now, by replay index:
+    /// asked after every worker event that finished requests and every heartbeat. A
+    /// route may still refuse ([`Route::retry_after_us`]).
+    fn admitted(&mut self, _fleet: &FleetView) -> Vec<(usize, Route)> {
+        Vec::new()
+    }
     /// Worker `w` produced the last token of request `r` (replay index) at `now`.
     fn finished(&mut self, _w: usize, _r: usize, _now: Micros) {}
 }

@@ -24,7 +24,7 @@ use super::cost::{CostModel, Micros};
 use super::den::{DenOptions, StudyDecision};
 use super::heartbeat::{Beats, Heartbeats};
 use super::metrics::{Latency, PolicyReport, Prediction, Spread, Throughput, TierTokens};
-use super::policy::{FleetView, LeastLoaded, Policy, PolicyKind, RouteRequest};
+use super::policy::{FleetView, LeastLoaded, Policy, PolicyKind, Route, RouteRequest};
 use super::trace::Workload;
 use super::worker::{ReqState, Shared, Worker};
 
@@ -83,7 +83,7 @@ pub fn run_policy(workload: &Workload, config: &FleetConfig, kind: PolicyKind) -
 pub fn run_with(workload: &Workload, config: &FleetConfig, policy: &mut dyn Policy) -> PolicyRun {
     let n = config.workers.max(1);
     let cost = &config.cost;
-    let mut workers: Vec<Worker> = (0..n)
+    let workers: Vec<Worker> = (0..n)
         .map(|i| Worker::new(i as u32, workload, cost))
         .collect();
     let mut sh = Shared {
@@ -93,27 +93,35 @@ pub fn run_with(workload: &Workload, config: &FleetConfig, policy: &mut dyn Poli
         published_at: vec![Micros::MAX; workload.block_count()],
         overcommits: 0,
     };
-    let mut events: BinaryHeap<Reverse<(Micros, usize, u64)>> = BinaryHeap::new();
-    let mut versions = vec![0u64; n];
-    let mut decisions = Vec::new();
-    let mut predicted = vec![None; workload.requests.len()];
+    let mut fleet = Fleet {
+        events: BinaryHeap::new(),
+        versions: vec![0u64; n],
+        workers: Vec::new(),
+    };
+    let mut book = Book {
+        decisions: Vec::new(),
+        predicted: vec![None; workload.requests.len()],
+        retries: BinaryHeap::new(),
+        attempts: vec![0u32; workload.requests.len()],
+        refusals: Refusals::default(),
+        held_since: vec![None; workload.requests.len()],
+        waited: Vec::new(),
+    };
     let start = workload.requests.first().map_or(0, |r| r.arrival_us);
     let mut beats = config
         .heartbeats
         .map(|h| Beats::new(h, start, &workers, &sh));
-    // Requests a policy refused, by when their clients submit them again.
-    let mut retries: BinaryHeap<Reverse<(Micros, usize)>> = BinaryHeap::new();
-    let mut attempts = vec![0u32; workload.requests.len()];
-    let mut refusals = Refusals::default();
+    fleet.workers = workers;
     let mut next = 0usize;
+    let mut idle_beats = 0usize;
 
     loop {
         let arrival = workload.requests.get(next).map(|r| r.arrival_us);
-        let retry = retries.peek().map(|Reverse(r)| *r);
+        let retry = book.retries.peek().map(|Reverse(r)| *r);
         // A new arrival goes before a retry at the same instant.
         let (now, i) = match (arrival, retry) {
             (Some(a), Some((t, r))) if t < a => {
-                retries.pop();
+                book.retries.pop();
                 (t, r)
             }
             (Some(a), _) => {
@@ -121,77 +129,85 @@ pub fn run_with(workload: &Workload, config: &FleetConfig, policy: &mut dyn Poli
                 (a, next - 1)
             }
             (None, Some((t, r))) => {
-                retries.pop();
+                book.retries.pop();
                 (t, r)
             }
-            (None, None) => break,
+            (None, None) => {
+                // No more arrivals: run the workers out. A policy still holding requests
+                // routes them as work finishes, or (heartbeat-lagged) as heartbeats show
+                // it — for one more round of every worker's heartbeat at most.
+                let holding = book.held_since.iter().any(Option::is_some);
+                let until = match (fleet.events.is_empty(), holding) {
+                    (false, _) => None,
+                    (true, false) => break,
+                    (true, true) => match beats.as_ref().and_then(|b| b.next()) {
+                        Some(at) if idle_beats <= n => at,
+                        _ => break,
+                    }
+                    .into(),
+                };
+                idle_beats = if until.is_some() { idle_beats + 1 } else { 0 };
+                let beats = if holding { beats.as_mut() } else { None };
+                if !drain(&mut fleet, &mut sh, until, beats, policy, &mut book) {
+                    break;
+                }
+                continue;
+            }
         };
         let Some(req) = workload.requests.get(i) else {
             continue;
         };
         drain(
-            &mut events,
-            &mut versions,
-            &mut workers,
+            &mut fleet,
             &mut sh,
             Some(now),
             beats.as_mut(),
             policy,
+            &mut book,
         );
-        let attempt = attempts.get(i).copied().unwrap_or(0);
-        let request = RouteRequest {
-            index: i,
-            line: req.line,
-            input_tokens: req.input_tokens,
-            output_tokens: req.output_tokens,
-            blocks: workload.blocks(req),
-            explain: config.explain.contains(&i),
-            attempt,
-        };
-        let mut route = {
-            let view = FleetView::new(now, &workers, &sh, beats.as_ref().map(Beats::snapshots));
+        let attempt = book.attempts.get(i).copied().unwrap_or(0);
+        let request = route_request(workload, i, req, config.explain.contains(&i), attempt);
+        let route = {
+            let view = FleetView::new(
+                now,
+                &fleet.workers,
+                &sh,
+                beats.as_ref().map(Beats::snapshots),
+            );
             policy.route(&request, &view)
         };
-        if let Some(after) = route.retry_after_us {
-            refusals.refused(attempt);
-            if attempt < MAX_CLIENT_RETRIES {
-                if let Some(a) = attempts.get_mut(i) {
-                    *a += 1;
-                }
-                retries.push(Reverse((now + after.max(1), i)));
-                continue;
+        if route.held {
+            if let Some(h) = book.held_since.get_mut(i) {
+                *h = Some(now);
             }
-            refusals.gave_up += 1;
-            let view = FleetView::new(now, &workers, &sh, beats.as_ref().map(Beats::snapshots));
-            route = LeastLoaded.route(&request, &view);
+        } else {
+            fleet.route(&mut sh, beats.as_mut(), &mut book, now, &request, route);
         }
-        if let Some(p) = predicted.get_mut(i) {
-            *p = route.predicted_ttft_ms;
+        // What the heartbeats before this arrival let the policy route of what it held.
+        admit(&mut fleet, &mut sh, now, beats.as_mut(), policy, &mut book);
+    }
+
+    // Whatever a policy still holds then (it should hold nothing) goes to the
+    // least-loaded worker, counted as given up.
+    let end = sh.reqs.iter().map(|r| r.done).max().unwrap_or(0);
+    for i in 0..book.held_since.len() {
+        if book.held_since.get(i).copied().flatten().is_none() {
+            continue;
         }
-        if let Some(record) = route.record {
-            decisions.push(record);
-        }
-        let w = route.worker.min(n - 1);
-        if let (Some(b), Some(work)) = (beats.as_mut(), route.added_work_ms) {
-            b.dispatched(w, i, work);
-        }
-        let Some(worker) = workers.get_mut(w) else {
+        let Some(req) = workload.requests.get(i) else {
             continue;
         };
-        if let Some(next) = worker.dispatch(now, i as u32, route.reuse, &mut sh) {
-            schedule(&mut events, &mut versions, w, next);
-        }
+        let request = route_request(workload, i, req, false, 0);
+        book.refusals.gave_up += 1;
+        let route = {
+            let view = FleetView::new(end, &fleet.workers, &sh, None);
+            LeastLoaded.route(&request, &view)
+        };
+        fleet.route(&mut sh, None, &mut book, end, &request, route);
     }
-    drain(
-        &mut events,
-        &mut versions,
-        &mut workers,
-        &mut sh,
-        None,
-        None,
-        policy,
-    );
+    drain(&mut fleet, &mut sh, None, None, policy, &mut book);
 
+    let mut decisions = book.decisions;
     // A retried request is decided after later arrivals: keep the records in replay order.
     decisions.sort_by_key(|d| d.request);
     for d in &mut decisions {
@@ -200,10 +216,22 @@ pub fn run_with(workload: &Workload, config: &FleetConfig, policy: &mut dyn Poli
                 Some(st.first_token.saturating_sub(req.arrival_us) as f64 / 1000.0);
         }
     }
-    let mut run = summarise(policy.name(), workload, &workers, sh, decisions, predicted);
-    run.report.refused_requests = refusals.requests;
-    run.report.client_retries = refusals.retries;
-    run.report.gave_up = refusals.gave_up;
+    let mut run = summarise(
+        policy.name(),
+        workload,
+        &fleet.workers,
+        sh,
+        decisions,
+        book.predicted,
+    );
+    run.report.refused_requests = book.refusals.requests;
+    run.report.client_retries = book.refusals.retries;
+    run.report.gave_up = book.refusals.gave_up;
+    run.report.waited_requests = book.waited.len() as u64;
+    if !book.waited.is_empty() {
+        run.report.mean_wait_ms =
+            book.waited.iter().sum::<u64>() as f64 / book.waited.len() as f64 / 1000.0;
+    }
     run
 }
 
@@ -228,39 +256,118 @@ impl Refusals {
     }
 }
 
-fn schedule(
-    events: &mut BinaryHeap<Reverse<(Micros, usize, u64)>>,
-    versions: &mut [u64],
-    w: usize,
-    at: Micros,
-) {
-    if let Some(v) = versions.get_mut(w) {
-        *v += 1;
-        events.push(Reverse((at, w, *v)));
+/// The simulated workers and their pending events.
+struct Fleet {
+    events: BinaryHeap<Reverse<(Micros, usize, u64)>>,
+    versions: Vec<u64>,
+    workers: Vec<Worker>,
+}
+
+/// What the replay keeps of the policy's decisions.
+struct Book {
+    decisions: Vec<StudyDecision>,
+    predicted: Vec<Option<f64>>,
+    /// Requests a policy refused, by when their clients submit them again.
+    retries: BinaryHeap<Reverse<(Micros, usize)>>,
+    attempts: Vec<u32>,
+    refusals: Refusals,
+    /// When the policy held each request it is holding ([`crate::policy::Route::held`]).
+    held_since: Vec<Option<Micros>>,
+    /// How long each held request waited, µs.
+    waited: Vec<u64>,
+}
+
+impl Fleet {
+    fn schedule(&mut self, w: usize, at: Micros) {
+        if let Some(v) = self.versions.get_mut(w) {
+            *v += 1;
+            self.events.push(Reverse((at, w, *v)));
+        }
+    }
+
+    /// Carries out `route` for request `request.index` at `now`: a refusal schedules
+    /// the client's retry, anything else dispatches it to its worker.
+    #[allow(clippy::too_many_arguments)]
+    fn route(
+        &mut self,
+        sh: &mut Shared,
+        beats: Option<&mut Beats>,
+        book: &mut Book,
+        now: Micros,
+        request: &RouteRequest,
+        mut route: Route,
+    ) {
+        let i = request.index;
+        if let Some(after) = route.retry_after_us {
+            let attempt = book.attempts.get(i).copied().unwrap_or(0);
+            book.refusals.refused(attempt);
+            if attempt < MAX_CLIENT_RETRIES {
+                if let Some(a) = book.attempts.get_mut(i) {
+                    *a += 1;
+                }
+                book.retries.push(Reverse((now + after.max(1), i)));
+                return;
+            }
+            book.refusals.gave_up += 1;
+            let view = FleetView::new(
+                now,
+                &self.workers,
+                sh,
+                beats.as_deref().map(Beats::snapshots),
+            );
+            route = LeastLoaded.route(request, &view);
+        }
+        let arrival = sh.workload.requests.get(i).map_or(now, |r| r.arrival_us);
+        if let Some(since) = book.held_since.get_mut(i).and_then(Option::take) {
+            let waited = now.saturating_sub(since);
+            book.waited.push(waited);
+            // The router predicts from the moment it offers; the client counts from
+            // its arrival.
+            route.predicted_ttft_ms = route
+                .predicted_ttft_ms
+                .map(|p| p + now.saturating_sub(arrival) as f64 / 1000.0);
+        }
+        if let Some(p) = book.predicted.get_mut(i) {
+            *p = route.predicted_ttft_ms;
+        }
+        if let Some(record) = route.record {
+            book.decisions.push(record);
+        }
+        let n = self.workers.len().max(1);
+        let w = route.worker.min(n - 1);
+        if let (Some(b), Some(work)) = (beats, route.added_work_ms) {
+            b.dispatched(w, i, work);
+        }
+        let Some(worker) = self.workers.get_mut(w) else {
+            return;
+        };
+        if let Some(next) = worker.dispatch(now, i as u32, route.reuse, sh) {
+            self.schedule(w, next);
+        }
     }
 }
 
 /// Processes worker events up to and including `until` (all of them for `None`), and
 /// the heartbeats due in between (a heartbeat at the time of an event follows it); the
-/// policy hears of each heartbeat and each finished request.
-#[allow(clippy::too_many_arguments)]
+/// policy hears of each heartbeat and each finished request, and routes what it held
+/// once either may have made room. Returns whether any event was processed.
 fn drain(
-    events: &mut BinaryHeap<Reverse<(Micros, usize, u64)>>,
-    versions: &mut [u64],
-    workers: &mut [Worker],
+    fleet: &mut Fleet,
     sh: &mut Shared,
     until: Option<Micros>,
     mut beats: Option<&mut Beats>,
     policy: &mut dyn Policy,
-) {
+    book: &mut Book,
+) -> bool {
+    let mut any = false;
     loop {
-        let event = events.peek().map(|Reverse((at, _, _))| *at);
+        let event = fleet.events.peek().map(|Reverse((at, _, _))| *at);
         let beat = beats.as_ref().and_then(|b| b.next());
         let next = match (event, beat) {
             (Some(e), Some(b)) => e.min(b),
             (Some(e), None) => e,
             (None, Some(b)) => b,
-            (None, None) => return,
+            (None, None) => return any,
         };
         let done = match until {
             Some(t) => next > t,
@@ -268,36 +375,94 @@ fn drain(
             None => event.is_none(),
         };
         if done {
-            return;
+            return any;
         }
-        if beat.is_some_and(|b| event.is_none_or(|e| b < e)) {
-            if let Some(b) = beats.as_deref_mut()
-                && let Some((at, w)) = b.fire(workers, sh)
-            {
-                let view = FleetView::new(at, workers, sh, Some(b.snapshots()));
-                policy.heartbeat(w, &view);
+        any = true;
+        let at = if beat.is_some_and(|b| event.is_none_or(|e| b < e)) {
+            let Some(b) = beats.as_deref_mut() else {
+                continue;
+            };
+            let Some((at, w)) = b.fire(&fleet.workers, sh) else {
+                continue;
+            };
+            let view = FleetView::new(at, &fleet.workers, sh, Some(b.snapshots()));
+            policy.heartbeat(w, &view);
+            at
+        } else {
+            let Some(Reverse((at, w, v))) = fleet.events.pop() else {
+                return any;
+            };
+            if fleet.versions.get(w) != Some(&v) {
+                continue;
             }
-            continue;
-        }
-        let Some(Reverse((at, w, v))) = events.pop() else {
-            return;
+            let Some(worker) = fleet.workers.get_mut(w) else {
+                continue;
+            };
+            let next = worker.on_event(at, sh);
+            let finished = !worker.finished.is_empty();
+            for &r in &worker.finished {
+                policy.finished(w, r as usize, at);
+            }
+            match beats.as_deref_mut() {
+                Some(b) => b.after_event(w, worker, at),
+                None => worker.finished.clear(),
+            }
+            if let Some(next) = next {
+                fleet.schedule(w, next);
+            }
+            if !finished {
+                continue;
+            }
+            at
         };
-        if versions.get(w) != Some(&v) {
-            continue;
-        }
-        let Some(worker) = workers.get_mut(w) else {
+        admit(fleet, sh, at, beats.as_deref_mut(), policy, book);
+    }
+}
+
+/// Request `i` (`req`) of `workload` as a policy sees it.
+fn route_request<'w>(
+    workload: &'w Workload,
+    i: usize,
+    req: &'w crate::trace::WorkRequest,
+    explain: bool,
+    attempt: u32,
+) -> RouteRequest<'w> {
+    RouteRequest {
+        index: i,
+        line: req.line,
+        input_tokens: req.input_tokens,
+        output_tokens: req.output_tokens,
+        blocks: workload.blocks(req),
+        explain,
+        attempt,
+    }
+}
+
+/// Routes what the policy held and now admits ([`Policy::admitted`]) at `at`.
+fn admit(
+    fleet: &mut Fleet,
+    sh: &mut Shared,
+    at: Micros,
+    mut beats: Option<&mut Beats>,
+    policy: &mut dyn Policy,
+    book: &mut Book,
+) {
+    let admitted = {
+        let view = FleetView::new(
+            at,
+            &fleet.workers,
+            sh,
+            beats.as_deref().map(Beats::snapshots),
+        );
+        policy.admitted(&view)
+    };
+    for (i, route) in admitted {
+        let Some(req) = sh.workload.requests.get(i) else {
             continue;
         };
-        if let Some(next) = worker.on_event(at, sh) {
-            schedule(events, versions, w, next);
-        }
-        for &r in &worker.finished {
-            policy.finished(w, r as usize, at);
-        }
-        match beats.as_deref_mut() {
-            Some(b) => b.after_event(w, worker, at),
-            None => worker.finished.clear(),
-        }
+        let attempt = book.attempts.get(i).copied().unwrap_or(0);
+        let request = route_request(sh.workload, i, req, false, attempt);
+        fleet.route(sh, beats.as_deref_mut(), book, at, &request, route);
     }
 }
 
@@ -366,6 +531,8 @@ fn summarise(
         refused_requests: 0,
         client_retries: 0,
         gave_up: 0,
+        waited_requests: 0,
+        mean_wait_ms: 0.0,
     };
     PolicyRun {
         report,

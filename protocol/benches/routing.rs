@@ -98,6 +98,7 @@ fn submit_to_first_offer(bencher: Bencher, workers: usize) {
                     request: Arc::clone(&request),
                     candidates,
                     deadline: None,
+                    waited_ms: 0,
                 },
             );
             let first = effects

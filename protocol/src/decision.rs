@@ -28,8 +28,14 @@ pub struct DecisionRecord {
     pub model: ModelFingerprint,
     pub processed_tokens: u32,
     pub max_new_tokens: u32,
+    /// When the router took the request (before any wait for KV pages).
     pub submitted_at: Millis,
     pub deadline: Millis,
+    /// How long the request waited in the router for KV pages before its candidates
+    /// were taken ([`crate::router_node::waiting`]): its first offer went out this long
+    /// after `submitted_at`, and the attempts' predicted TTFTs count from then.
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub waited_ms: u64,
     /// The candidate snapshot taken at submission, each with its estimate (predicted
     /// TTFT, or why it is infeasible). [`CandidateSnapshot::ranking`] gives offer order.
     pub candidates: CandidateSnapshot,
@@ -54,6 +60,10 @@ pub struct DecisionRecord {
     pub actual_cached_tokens: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worker_timings: Option<WorkerTimings>,
+}
+
+fn is_zero_u64(v: &u64) -> bool {
+    *v == 0
 }
 
 impl DecisionRecord {

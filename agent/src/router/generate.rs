@@ -249,6 +249,7 @@ impl StreamState {
                     "tier": chosen.map(|a| a.tier.as_str()),
                     "predicted_ttft_ms": chosen.map(|a| a.predicted_ttft_ms),
                     "ttft_ms": record.as_ref().and_then(|r| r.measured_ttft_ms),
+                    "waited_ms": record.as_ref().map(|r| r.waited_ms),
                     "attempts": record.as_ref().map(attempts).unwrap_or_default(),
                 }))
             }

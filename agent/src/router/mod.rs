@@ -72,6 +72,9 @@ pub struct RouterOptions {
     pub offer_timeout: Duration,
     /// Deadline of a request submitted without one.
     pub request_deadline: Duration,
+    /// Requests that may wait for KV pages at once (`--max-waiting`; 0: a request no
+    /// worker can hold now is refused at once, 503 with `Retry-After`).
+    pub max_waiting: usize,
     /// How long finished requests' decision records are kept.
     pub retention: Duration,
     /// Chunk size of the prefix chain; must equal the workers' `--chunk-size`.
@@ -104,6 +107,7 @@ impl Default for RouterOptions {
             heartbeat_timeout: Duration::from_millis(Discovery::DEFAULT_HEARTBEAT_TIMEOUT_MS),
             offer_timeout: Duration::from_millis(d.offer_timeout_ms),
             request_deadline: Duration::from_millis(d.default_deadline_ms),
+            max_waiting: den_protocol::router_node::DEFAULT_MAX_WAITING,
             retention: Duration::from_millis(d.retention_ms),
             chunk_size: DEFAULT_CHUNK_SIZE,
             max_frame: DEFAULT_MAX_FRAME,

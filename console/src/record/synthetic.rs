@@ -177,6 +177,7 @@ impl SimFeed {
 /// Equal but for the count of streamed tokens.
 fn same_but_tokens(a: &DecisionRecord, b: &DecisionRecord) -> bool {
     DecisionRecord {
+        waited_ms: 0,
         delivered_tokens: b.delivered_tokens,
         ..a.clone()
     } == *b

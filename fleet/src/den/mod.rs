@@ -117,7 +117,9 @@ pub struct DenPolicy {
 
 impl DenPolicy {
     pub fn new(options: DenOptions) -> DenPolicy {
-        let node = options.router_pricing.then(NodePolicy::new);
+        let node = options
+            .router_pricing
+            .then(|| NodePolicy::with_max_waiting(options.max_waiting));
         DenPolicy { options, node }
     }
 
@@ -193,6 +195,7 @@ impl Policy for DenPolicy {
             added_work_ms,
             record,
             retry_after_us: None,
+            held: false,
         }
     }
 
@@ -205,6 +208,13 @@ impl Policy for DenPolicy {
     fn finished(&mut self, w: usize, r: usize, now: Micros) {
         if let Some(node) = &mut self.node {
             node.finished(w, r, now);
+        }
+    }
+
+    fn admitted(&mut self, fleet: &FleetView) -> Vec<(usize, Route)> {
+        match &mut self.node {
+            Some(node) => node.admitted(fleet),
+            None => Vec::new(),
         }
     }
 }

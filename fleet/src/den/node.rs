@@ -34,12 +34,21 @@
 //! window of `RESTORE_FETCH_WINDOW` fetches in flight pipelines it: once before the bytes
 //! stream, or once per window when latency dominates; the simulated H100 workers load a
 //! run in one request, which the first case matches. A request the router refuses
-//! (no worker can hold it now) is refused in the replay too: den-agent answers 503 with
-//! `Retry-After: 1`, and the simulated client submits it again a second later (a new
-//! request id, its TTFT counted from the first arrival; the report counts refusals).
+//! (no worker's pool could ever hold it, or too many wait already) is refused in the
+//! replay too: den-agent answers 503 with `Retry-After: 1`, and the simulated client
+//! submits it again a second later (a new request id, its TTFT counted from the first
+//! arrival; the report counts refusals). One the node keeps waiting for KV pages
+//! ([`den_protocol::router_node::waiting`]) is held by the replay ([`Route::held`]) and
+//! dispatched when the node offers it, on a heartbeat that shows the room
+//! ([`Policy::admitted`]): after every worker event that finishes requests, each worker
+//! heartbeats as it is then, as before each arrival.
+
+mod held;
 
 use std::collections::HashMap;
 use std::sync::Arc;
+
+use held::{Held, Outcome, outcomes, refused};
 
 use super::{StudyDecision, blocks_for};
 use crate::cache::Level;
@@ -57,7 +66,7 @@ use den_protocol::router::{DeliveryKind, RouterConfig};
 use den_protocol::router_node::{NodeConfig, NodeEffect, NodeInput, Pin, RouterNode};
 use den_protocol::time::Millis;
 use den_protocol::wire::{
-    Heartbeat, OfferResult, Publish, PublishedChunk, ResultMessage, ResultStatus, Retract,
+    Heartbeat, Offer, OfferResult, Publish, PublishedChunk, ResultMessage, ResultStatus, Retract,
     RetractedChunk, RouterMessage, ToRouter, WorkerResult, WorkerTimings,
 };
 
@@ -99,6 +108,13 @@ pub struct NodePolicy {
     in_object: Vec<bool>,
     /// The accepted assignment of each request in flight (replay index).
     assigned: HashMap<usize, AssignmentId>,
+    max_waiting: usize,
+    /// Requests waiting in the node for KV pages, by id.
+    held: HashMap<RequestId, Held>,
+    /// What the node did for waiting requests while handling a worker's frames.
+    outcomes: Vec<Outcome>,
+    /// When every worker last heartbeat with a fresh view (not heartbeat-lagged runs).
+    beat_at: Option<u64>,
     next_tick: u64,
 }
 
@@ -110,7 +126,13 @@ impl Default for NodePolicy {
 
 impl NodePolicy {
     pub fn new() -> NodePolicy {
+        NodePolicy::with_max_waiting(den_protocol::router_node::DEFAULT_MAX_WAITING)
+    }
+
+    /// With at most `max_waiting` requests waiting in the node for KV pages.
+    pub fn with_max_waiting(max_waiting: usize) -> NodePolicy {
         NodePolicy {
+            max_waiting,
             node: None,
             model: ModelFingerprint(MODEL.into()),
             chunk_size: 1,
@@ -118,6 +140,9 @@ impl NodePolicy {
             chunks: Vec::new(),
             in_object: Vec::new(),
             assigned: HashMap::new(),
+            held: HashMap::new(),
+            outcomes: Vec::new(),
+            beat_at: None,
             next_tick: 0,
         }
     }
@@ -131,11 +156,13 @@ impl NodePolicy {
     fn ensure(&mut self, fleet: &FleetView, now: Millis) -> &mut RouterNode {
         let workers = fleet.worker_count();
         let chunk_size = fleet.cost.block_tokens.max(1);
+        let max_waiting = self.max_waiting;
         let node = self.node.get_or_insert_with(|| {
             let mut node = RouterNode::new(NodeConfig {
                 router: RouterConfig::default(),
                 heartbeat_timeout_ms: u64::MAX / 4,
                 chunk_size,
+                max_waiting,
             });
             for w in 0..workers {
                 let id = FleetView::worker_id(w);
@@ -288,7 +315,9 @@ impl NodePolicy {
         if let Some(node) = self.node.as_mut() {
             let frame = ToRouter::Heartbeat(Box::new(Heartbeat { observation: obs }));
             let effects = send(node, now, conn(w), frame);
-            drop(effects); // timers (expiry) are never fired here
+            // Timers (expiry, deadlines) are never fired here; what matters is what the
+            // node did with the requests waiting for pages.
+            self.outcomes.extend(outcomes(effects));
         }
     }
 
@@ -359,6 +388,49 @@ impl NodePolicy {
             token_count: end,
             bytes: fleet.cost.kv_bytes(u64::from(end)),
         }
+    }
+
+    /// Accepts `offer` for request `index` (a simulated worker queues whatever it is
+    /// offered) and turns it into the replay's route.
+    fn accept(
+        &mut self,
+        now: Millis,
+        conn: ConnectionId,
+        offer: Box<Offer>,
+        index: usize,
+        blocks: &[u32],
+        fleet: &FleetView,
+    ) -> Route {
+        if let Some(node) = self.node.as_mut() {
+            let answer = ToRouter::OfferResult(OfferResult {
+                assignment: offer.assignment.clone(),
+                worker_epoch: offer.worker_epoch,
+                accepted: true,
+                reason: None,
+            });
+            let effects = send(node, now, conn, answer);
+            drop(effects); // acceptance: the record and the ledger only
+        }
+        let c = &offer.candidate;
+        let block_tokens: Vec<u32> = blocks.iter().map(|&b| fleet.block_tokens(b)).collect();
+        let reuse = reuse_of(
+            c.tier,
+            c.cached_token_count,
+            c.resident_tokens(),
+            &block_tokens,
+        );
+        let route = Route {
+            worker: usize::try_from(conn.0).unwrap_or(0),
+            reuse,
+            predicted_ttft_ms: Some(offer.estimate.ttft_ms),
+            // The node keeps its own ledger of offered work (`RouterNode::unreflected_ms`).
+            added_work_ms: None,
+            record: None,
+            retry_after_us: None,
+            held: false,
+        };
+        self.assigned.insert(index, offer.assignment);
+        route
     }
 
     /// The node's housekeeping, once per [`TICK_MS`] of simulated time.
@@ -439,9 +511,19 @@ impl Policy for NodePolicy {
         self.learn(request.blocks, &plan, fleet);
         self.sync_catalog(request.blocks, fleet, now);
         if !fleet.lagged() {
+            // The waiting requests' prefixes only when one of them may be admitted: the
+            // node skips them otherwise, and listing them costs the replay dearly.
+            // (Their catalog entries were brought up to date when room last appeared,
+            // in `admitted`: a worker's room grows only when its requests finish.)
+            let lists = if self.room_for_held(fleet) {
+                self.held_lists(Some(request.blocks), fleet.worker_count())
+            } else {
+                vec![request.blocks.to_vec()]
+            };
             for w in 0..fleet.worker_count() {
-                self.heartbeat_of(w, fleet, Some(request.blocks), now);
+                self.heartbeat_listing(w, fleet, &lists, now);
             }
+            self.beat_at = Some(fleet.now);
         }
         let Some(node) = self.node.as_mut() else {
             return LeastLoaded.route(request, fleet);
@@ -450,7 +532,9 @@ impl Policy for NodePolicy {
             now,
             NodeInput::Submit {
                 request: Arc::new(generation),
-                deadline: None,
+                // The simulated clients wait without a deadline (a request waiting for
+                // pages past the router's default would fail when offered).
+                deadline: Some(Millis(u64::MAX / 4)),
                 pin: Pin::Any,
             },
         );
@@ -462,46 +546,37 @@ impl Policy for NodePolicy {
             _ => None,
         });
         let Some((conn, offer)) = offer else {
-            // No worker can hold it now: den-agent answers 503 with `Retry-After: 1`.
-            return Route {
-                retry_after_us: Some(RETRY_AFTER_US),
-                ..Route::to(0)
-            };
+            if node.waiting().contains(&id) {
+                // No worker has its pages now: it waits in the router, FCFS.
+                self.held.insert(
+                    id,
+                    Held {
+                        index: request.index,
+                        blocks: request.blocks.to_vec(),
+                        line: request.line,
+                        input_tokens: request.input_tokens,
+                        output_tokens: request.output_tokens,
+                        explain: request.explain,
+                        attempt: request.attempt,
+                    },
+                );
+                return Route {
+                    held: true,
+                    ..Route::to(0)
+                };
+            }
+            // No worker could hold it: den-agent answers 503 with `Retry-After: 1`.
+            return refused();
         };
-        let answer = ToRouter::OfferResult(OfferResult {
-            assignment: offer.assignment.clone(),
-            worker_epoch: offer.worker_epoch,
-            accepted: true,
-            reason: None,
-        });
-        let effects = send(node, now, conn, answer);
-        drop(effects); // acceptance: the record and the ledger only
-        self.assigned.insert(request.index, offer.assignment);
-        let c = &offer.candidate;
-        let block_tokens: Vec<u32> = request
-            .blocks
-            .iter()
-            .map(|&b| fleet.block_tokens(b))
-            .collect();
-        let reuse = reuse_of(
-            c.tier,
-            c.cached_token_count,
-            c.resident_tokens(),
-            &block_tokens,
-        );
-        Route {
-            worker: usize::try_from(conn.0).unwrap_or(0),
-            reuse,
-            predicted_ttft_ms: Some(offer.estimate.ttft_ms),
-            // The node keeps its own ledger of offered work (`RouterNode::unreflected_ms`).
-            added_work_ms: None,
-            record: if request.explain {
-                self.study_record(&id, request, fleet)
-            } else {
-                None
-            },
-            retry_after_us: None,
+        let mut route = self.accept(now, conn, offer, request.index, request.blocks, fleet);
+        if request.explain {
+            route.record = self.study_record(&id, request, fleet);
         }
+        route
+    }
+
+    fn admitted(&mut self, fleet: &FleetView) -> Vec<(usize, Route)> {
+        self.admit_held(fleet)
     }
 
     fn heartbeat(&mut self, w: usize, fleet: &FleetView) {

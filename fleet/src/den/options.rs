@@ -41,6 +41,14 @@ pub struct DenOptions {
     /// itself ([`super::NodePolicy`]); the study fields above are not read.
     #[serde(default)]
     pub router_pricing: bool,
+    /// den-agent's router: how many requests may wait in it for KV pages
+    /// (`den-agent router --max-waiting`; 0: refused at once, 503 with `Retry-After`).
+    #[serde(default = "default_max_waiting")]
+    pub max_waiting: usize,
+}
+
+fn default_max_waiting() -> usize {
+    den_protocol::router_node::DEFAULT_MAX_WAITING
 }
 
 impl Default for DenOptions {
@@ -57,6 +65,7 @@ impl DenOptions {
             queue: QueueModel::PendingPrefill,
             link_backlog: false,
             capacity_wait: false,
+            max_waiting: default_max_waiting(),
             marginal_delay: false,
             replay: false,
             router_pricing: false,

@@ -28,8 +28,12 @@ pub struct Measured {
     pub send_lag_ms: f64,
     /// The router's measured TTFT (its decision record: first delta − submission), ms.
     pub router_ttft_ms: Option<f64>,
-    /// The router's predicted TTFT for the attempt that served the request, ms.
+    /// The router's predicted TTFT for the attempt that served the request, counted
+    /// from the router's taking it: the prediction made at the offer plus the time it
+    /// waited in the router for KV pages before that ([`Measured::router_waited_ms`]), ms.
     pub router_predicted_ttft_ms: Option<f64>,
+    /// How long the router held it for KV pages no worker had free, ms.
+    pub router_waited_ms: f64,
     pub worker: Option<String>,
     pub tier: Option<String>,
     pub cached_tokens: Option<u32>,
@@ -201,10 +205,12 @@ async fn read(resp: reqwest::Response, t0: Instant) -> Result<Measured, Failed> 
                 Some("completed") => {
                     let number = |k: &str| v[k].as_f64();
                     let count = |k: &str| v[k].as_u64().and_then(|n| u32::try_from(n).ok());
+                    let waited = number("waited_ms").unwrap_or(0.0);
                     return Ok(Measured {
                         client_ttft_ms: first,
                         router_ttft_ms: number("ttft_ms"),
-                        router_predicted_ttft_ms: number("predicted_ttft_ms"),
+                        router_predicted_ttft_ms: number("predicted_ttft_ms").map(|p| p + waited),
+                        router_waited_ms: waited,
                         worker: v["worker"].as_str().map(str::to_owned),
                         tier: v["tier"].as_str().map(str::to_owned),
                         cached_tokens: count("cached_tokens"),

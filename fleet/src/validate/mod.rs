@@ -118,6 +118,11 @@ pub struct ValidateArgs {
     /// may be (den-agent's default is 1000).
     #[arg(long, value_name = "MS", default_value_t = 100)]
     pub heartbeat_ms: u64,
+    /// The router's --max-waiting (and the simulated router's): how many requests may
+    /// wait in it for KV pages no worker has free; 0 refuses them (503, Retry-After) and
+    /// the client sends them again a second later [default: den-agent's, 1024].
+    #[arg(long, value_name = "N")]
+    pub max_waiting: Option<usize>,
     /// Print the report as JSON (per-request rows and the summary).
     #[arg(long)]
     pub json: bool,
@@ -169,6 +174,7 @@ impl Default for ValidateArgs {
             ram_bytes: 1 << 30,
             ssd_bytes: 0,
             heartbeat_ms: 100,
+            max_waiting: None,
             json: false,
             rows: false,
             log_dir: None,
@@ -241,12 +247,15 @@ pub fn plan(args: &ValidateArgs) -> Result<Plan, String> {
             "--policy {kind}: the real router runs den, so den is the only policy that can be validated against it"
         ));
     }
-    let den = DenOptions::preset(args.den.trim()).ok_or_else(|| {
+    let mut den = DenOptions::preset(args.den.trim()).ok_or_else(|| {
         format!(
             "unknown --den {:?}: use router (what den-agent's router computes), or v1 … v6",
             args.den
         )
     })?;
+    if let Some(n) = args.max_waiting {
+        den.max_waiting = n;
+    }
     if args.workers == 0 {
         return Err("--workers 0: give at least one worker".into());
     }
@@ -511,6 +520,10 @@ fn local_cluster_spec(
         "--request-deadline".into(),
         "10m".into(),
     ];
+    if let Some(n) = args.max_waiting {
+        spec.router_args
+            .extend(["--max-waiting".to_owned(), n.to_string()]);
+    }
     spec.worker_args = worker_flags(p);
     if let Some(m) = &plan.model {
         let file = m.path.display().to_string();

@@ -104,9 +104,17 @@ pub struct Row {
     /// Client-side TTFT of the submission that was served, ms: `measured_ttft_ms` less
     /// the refusals' waits (what the router predicted; equal unless refused).
     pub served_ttft_ms: Option<f64>,
+    /// How long the router held it for KV pages no worker had free, ms (the router's
+    /// prediction includes it).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub router_waited_ms: f64,
     pub send_lag_ms: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+}
+
+fn is_zero(v: &f64) -> bool {
+    *v == 0.0
 }
 
 /// Relative errors of one predictor against the measurement.
@@ -129,6 +137,8 @@ pub struct Summary {
     /// Requests the router refused at least once, and the resends in all.
     pub refused: usize,
     pub resends: u64,
+    /// Requests the router held for KV pages before offering them.
+    pub waited: usize,
     /// The simulator with heartbeat-lagged observations (like den-agent's router).
     pub sim_vs_measured: Errors,
     /// The simulator with current observations (the fleet study's ideal router).
@@ -205,6 +215,7 @@ impl ValidationReport {
                     attempts: m.attempts,
                     refusals: m.refusals,
                     served_ttft_ms,
+                    router_waited_ms: m.router_waited_ms,
                     send_lag_ms: m.send_lag_ms,
                     error: m.error.clone().or_else(|| {
                         m.client_ttft_ms
@@ -303,9 +314,10 @@ impl ValidationReport {
         }
         let _ = writeln!(
             out,
-            "{} completed, {} failed, {} refused and sent again ({} resends), replayed in {:.1} s wall (client send lag p99 {:.1} ms, client − router TTFT {:+.1} ms mean)",
+            "{} completed, {} failed, {} waited in the router for KV pages, {} refused and sent again ({} resends), replayed in {:.1} s wall (client send lag p99 {:.1} ms, client − router TTFT {:+.1} ms mean)",
             m.completed,
             m.failed,
+            m.waited,
             m.refused,
             m.resends,
             self.wall_s,
@@ -455,6 +467,7 @@ impl Summary {
             failed: rows.len() - done.len(),
             refused: rows.iter().filter(|r| r.refusals > 0).count(),
             resends: rows.iter().map(|r| u64::from(r.refusals)).sum(),
+            waited: rows.iter().filter(|r| r.router_waited_ms > 0.0).count(),
             sim_vs_measured: errors(
                 done.iter()
                     .map(|r| (Some(r.sim_ttft_ms), r.measured_ttft_ms)),

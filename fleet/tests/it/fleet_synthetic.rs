@@ -372,24 +372,42 @@ impl Policy for WithReuse {
 }
 
 #[test]
-fn the_router_node_refuses_what_no_pool_can_hold_and_the_client_retries_after_a_second() {
+fn the_router_node_holds_what_no_pool_can_hold_now_until_the_pages_free() {
     // One worker, a 4-page pool (16 tokens). A (t=0): 13 tokens + 3 out holds all 4
     // pages while it decodes. B (t=0.1 ms): 9 + 3 needs 3 pages, none free and nothing
-    // evictable: den-agent's router node makes no offer (503, Retry-After: 1), and the
-    // client comes back a second later, when A is long done and B runs at once. B's TTFT
-    // counts from its first arrival.
+    // evictable: den-agent's router node makes no offer now, and B waits in the node
+    // (FCFS) instead of being refused. A's result and the worker's next heartbeat show
+    // the pages free, and the node offers B then, not a second later as a refused
+    // client's retry would. B's TTFT counts from its arrival.
     let w = workload(&[(0, 13, 3, &[1, 2, 3, 4]), (100, 9, 3, &[5, 6, 7])]);
     let run = run_policy(&w, &config(4), PolicyKind::Den);
-    assert_eq!(run.report.refused_requests, 1, "{:?}", run.report);
-    assert_eq!(run.report.client_retries, 1);
+    assert_eq!(run.report.refused_requests, 0, "{:?}", run.report);
+    assert_eq!(run.report.waited_requests, 1, "{:?}", run.report);
     assert_eq!(run.report.gave_up, 0);
     assert!(run.ttft_us[0] < 10_000, "{:?}", run.ttft_us);
     assert!(
-        (1_000_000..1_010_000).contains(&run.ttft_us[1]),
-        "{:?}",
+        run.ttft_us[1] > run.ttft_us[0] && run.ttft_us[1] < 100_000,
+        "B starts once A is done: {:?}",
         run.ttft_us
     );
+    assert!(run.report.mean_wait_ms > 0.0);
     assert_eq!(run.report.overcommits, 0);
+}
+
+#[test]
+fn the_router_node_refuses_what_no_pool_could_ever_hold_and_the_client_retries() {
+    // One worker, a 4-page pool; B needs 5 pages (17 tokens + 3 out): waiting would never
+    // help, so the node refuses it (503, Retry-After: 1) every time its client retries,
+    // until the replay gives up and sends it to the least-loaded worker.
+    let w = workload(&[(0, 5, 3, &[1, 2]), (100, 17, 3, &[5, 6, 7, 8, 9])]);
+    let run = run_policy(&w, &config(4), PolicyKind::Den);
+    assert_eq!(run.report.waited_requests, 0, "{:?}", run.report);
+    assert_eq!(run.report.refused_requests, 1, "{:?}", run.report);
+    assert_eq!(
+        run.report.client_retries,
+        u64::from(den_fleet::replay::MAX_CLIENT_RETRIES) + 1
+    );
+    assert_eq!(run.report.gave_up, 1);
 }
 
 #[test]

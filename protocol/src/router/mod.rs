@@ -106,6 +106,10 @@ impl Phase {
     }
 }
 
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
 /// Inputs to [`Router::handle`].
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "input", rename_all = "kebab-case")]
@@ -117,6 +121,10 @@ pub enum RouterInput {
         candidates: Vec<Candidate>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         deadline: Option<Millis>,
+        /// How long it waited for KV pages before this submit (the router node's
+        /// queue): its record counts from its arrival, `now - waited_ms`.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        waited_ms: u64,
     },
     /// The client cancelled the request.
     Cancel { request: RequestId },
@@ -159,6 +167,7 @@ impl RouterInput {
             request: request.into(),
             candidates,
             deadline: None,
+            waited_ms: 0,
         }
     }
 }
@@ -309,7 +318,8 @@ impl Router {
                 request,
                 candidates,
                 deadline,
-            } => self.on_submit(now, request, candidates, deadline, &mut out),
+                waited_ms,
+            } => self.on_submit(now, request, candidates, deadline, waited_ms, &mut out),
             RouterInput::Cancel { request } => self.on_cancel(now, &request, &mut out),
             RouterInput::OfferResult {
                 assignment,

@@ -54,6 +54,7 @@ impl Router {
         request: Arc<GenerationRequest>,
         candidates: Vec<Candidate>,
         deadline: Option<Millis>,
+        waited_ms: u64,
         out: &mut Out,
     ) {
         if self.requests.contains_key(&request.id) {
@@ -77,8 +78,9 @@ impl Router {
             model: request.model.clone(),
             processed_tokens: request.processed(),
             max_new_tokens: request.max_new_tokens,
-            submitted_at: now,
+            submitted_at: Millis(now.0.saturating_sub(waited_ms)),
             deadline,
+            waited_ms,
             candidates: snapshot,
             candidates_omitted: 0,
             attempts: Vec::new(),

@@ -37,18 +37,27 @@ pub struct Unreflected {
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Entry {
     work_ms: f64,
+    /// KV pages the worker reserves for it on acceptance.
+    pages: u64,
     accepted: bool,
     /// A heartbeat received after the acceptance counts this work.
     reflected: bool,
 }
 
 impl Unreflected {
-    /// An offer of `work_ms` was sent to `worker`.
-    pub fn offered(&mut self, worker: &WorkerId, assignment: AssignmentId, work_ms: f64) {
+    /// An offer of `work_ms` needing `pages` KV pages was sent to `worker`.
+    pub fn offered(
+        &mut self,
+        worker: &WorkerId,
+        assignment: AssignmentId,
+        work_ms: f64,
+        pages: u64,
+    ) {
         self.workers.entry(worker.clone()).or_default().insert(
             assignment,
             Entry {
                 work_ms: work_ms.max(0.0),
+                pages,
                 accepted: false,
                 reflected: false,
             },
@@ -122,6 +131,20 @@ impl Unreflected {
         });
         pending - self.finished.get(worker).copied().unwrap_or(0.0)
     }
+
+    /// Pages to take from `worker`'s last reported free (then evictable) pages: those
+    /// of offers its last heartbeat does not show reserved. Without this, every request
+    /// admitted between two heartbeats sees the same free pages, and all but the first
+    /// are declined for want of them.
+    pub fn extra_pages(&self, worker: &WorkerId) -> u64 {
+        self.workers.get(worker).map_or(0, |entries| {
+            entries
+                .values()
+                .filter(|e| !e.reflected)
+                .map(|e| e.pages)
+                .sum()
+        })
+    }
 }
 
 #[cfg(test)]
@@ -138,8 +161,8 @@ mod tests {
     #[test]
     fn offered_work_counts_until_a_heartbeat_after_acceptance() {
         let (w, mut u) = (WorkerId::new("w"), Unreflected::default());
-        u.offered(&w, a("r1", 1), 10.0);
-        u.offered(&w, a("r2", 1), 5.0);
+        u.offered(&w, a("r1", 1), 10.0, 0);
+        u.offered(&w, a("r2", 1), 5.0, 0);
         assert_eq!(u.extra_ms(&w), 15.0);
         // A heartbeat before the acceptance was sent before the worker queued the work.
         u.heartbeat(&w);
@@ -153,7 +176,7 @@ mod tests {
     #[test]
     fn work_that_finishes_after_its_heartbeat_is_subtracted_until_the_next() {
         let (w, mut u) = (WorkerId::new("w"), Unreflected::default());
-        u.offered(&w, a("r1", 1), 30.0);
+        u.offered(&w, a("r1", 1), 30.0, 0);
         u.answered(&w, &a("r1", 1), true);
         u.heartbeat(&w);
         assert_eq!(u.extra_ms(&w), 0.0);
@@ -163,19 +186,38 @@ mod tests {
         u.heartbeat(&w);
         assert_eq!(u.extra_ms(&w), 0.0);
         // A request that ends before any heartbeat counted it subtracts nothing.
-        u.offered(&w, a("r2", 1), 5.0);
+        u.offered(&w, a("r2", 1), 5.0, 0);
         u.answered(&w, &a("r2", 1), true);
         u.ended(&RequestId::new("r2"));
         assert_eq!(u.extra_ms(&w), 0.0);
     }
 
     #[test]
+    fn offered_pages_count_until_a_heartbeat_after_acceptance_or_the_end() {
+        let (w, mut u) = (WorkerId::new("w"), Unreflected::default());
+        u.offered(&w, a("r1", 1), 1.0, 8);
+        u.offered(&w, a("r2", 1), 1.0, 3);
+        assert_eq!(u.extra_pages(&w), 11);
+        u.heartbeat(&w);
+        assert_eq!(u.extra_pages(&w), 11, "not accepted yet: not reserved yet");
+        u.answered(&w, &a("r1", 1), true);
+        u.heartbeat(&w);
+        assert_eq!(u.extra_pages(&w), 3);
+        u.answered(&w, &a("r2", 1), false);
+        assert_eq!(u.extra_pages(&w), 0);
+        u.offered(&w, a("r3", 1), 1.0, 5);
+        u.ended(&RequestId::new("r3"));
+        assert_eq!(u.extra_pages(&w), 0);
+        assert_eq!(u.extra_pages(&WorkerId::new("other")), 0);
+    }
+
+    #[test]
     fn declines_timeouts_ends_and_disconnects_drop_work() {
         let (w, mut u) = (WorkerId::new("w"), Unreflected::default());
-        u.offered(&w, a("r1", 1), 1.0);
-        u.offered(&w, a("r2", 1), 2.0);
-        u.offered(&w, a("r3", 1), 4.0);
-        u.offered(&w, a("r4", 1), 8.0);
+        u.offered(&w, a("r1", 1), 1.0, 0);
+        u.offered(&w, a("r2", 1), 2.0, 0);
+        u.offered(&w, a("r3", 1), 4.0, 0);
+        u.offered(&w, a("r4", 1), 8.0, 0);
         u.answered(&w, &a("r1", 1), false);
         assert_eq!(u.extra_ms(&w), 14.0);
         u.withdrawn(&a("r2", 1));

@@ -6,16 +6,18 @@
 //! ([`inflight`]), speculative GPU prefixes ([`speculation`]), pinning to a placed
 //! instance's worker, the fast fallback for offers to a worker without a live route, and
 //! sender fencing (a worker speaks only for itself, and only about its current
-//! assignments). One entry point, [`RouterNode::handle`]`(now, input) -> effects`; the
+//! assignments), and the queue of requests waiting for KV pages ([`waiting`]). One entry point, [`RouterNode::handle`]`(now, input) -> effects`; the
 //! runtime (den-agent's router actor) only moves bytes, keeps timers and channels, and
 //! turns the [`Count`] effects into metrics. Tests drive it directly.
 
 pub mod inflight;
 pub mod speculation;
+pub mod waiting;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
+use crate::candidate::Candidate;
 use crate::candidate::{Tier, added_work_ms};
 use crate::candidate_generation::candidates_for;
 use crate::chunk_catalog::ChunkCatalog;
@@ -26,13 +28,18 @@ use crate::discovery::{
 use crate::ids::{AssignmentId, HeartbeatVersion, NodeId, RequestId, WorkerId};
 use crate::request::GenerationRequest;
 use crate::router::{
-    Delivery, DeliveryKind, LocalRouterEffect, Router, RouterConfig, RouterEffect, RouterInput,
+    Delivery, DeliveryKind, LocalRouterEffect, Router, RouterConfig, RouterEffect, RouterError,
+    RouterInput,
 };
 use crate::time::Millis;
 use crate::wire::{OutboundToWorker, RouterMessage, ToRouter, WorkerMessage};
 
 use inflight::Unreflected;
 use speculation::Speculation;
+use waiting::Waiting;
+
+/// How many requests may wait for KV pages by default ([`waiting`]).
+pub const DEFAULT_MAX_WAITING: usize = 1024;
 
 /// The node's settings.
 #[derive(Debug, Clone, PartialEq)]
@@ -41,6 +48,9 @@ pub struct NodeConfig {
     pub heartbeat_timeout_ms: u64,
     /// Tokens per chunk of the prefix chain (the workers' and the catalog's).
     pub chunk_size: u32,
+    /// Requests that may wait for KV pages at once ([`waiting`]); 0: none, every
+    /// request without a feasible candidate fails at once (spec §2).
+    pub max_waiting: usize,
 }
 
 /// Where a request may be offered.
@@ -138,6 +148,12 @@ pub enum Count {
     /// An offer to a worker with no live route, failed at once.
     OfferWithoutRoute,
     OfferTimeout,
+    /// A request without a feasible candidate now started waiting for pages.
+    Parked,
+    /// A waiting request was handed to the router machine after waiting this long.
+    Admitted {
+        waited_ms: u64,
+    },
 }
 
 /// Effects of [`RouterNode::handle`], in order.
@@ -194,6 +210,13 @@ pub struct RouterNode {
     live: BTreeMap<RequestId, Arc<GenerationRequest>>,
     /// Router inputs produced while interpreting effects, handled before returning.
     pending: VecDeque<RouterInput>,
+    /// Requests waiting for KV pages.
+    waiting: Waiting,
+    /// A heartbeat or a detach may have made room: examine the waiting requests.
+    rescan: bool,
+    /// A worker left: a waiting request may no longer be servable anywhere, so examine
+    /// every one, even those no worker has the room for.
+    recheck: bool,
 }
 
 impl RouterNode {
@@ -208,7 +231,15 @@ impl RouterNode {
             peers: BTreeMap::new(),
             live: BTreeMap::new(),
             pending: VecDeque::new(),
+            waiting: Waiting::new(config.max_waiting),
+            rescan: false,
+            recheck: false,
         }
+    }
+
+    /// The requests waiting for KV pages, oldest first.
+    pub fn waiting(&self) -> &Waiting {
+        &self.waiting
     }
 
     pub fn router(&self) -> &Router {
@@ -261,9 +292,13 @@ impl RouterNode {
                 request,
                 deadline,
                 pin,
-            } => self.submit(request, deadline, pin),
+            } => self.submit(now, request, deadline, pin, out),
             NodeInput::Cancel { request } => {
-                self.pending.push_back(RouterInput::Cancel { request });
+                if self.waiting.remove(&request).is_some() {
+                    self.end_waiting(request, DeliveryKind::Cancelled, out);
+                } else {
+                    self.pending.push_back(RouterInput::Cancel { request });
+                }
             }
             NodeInput::Connected { conn, worker, node } => {
                 self.peers.insert(conn, Peer { worker, node });
@@ -293,37 +328,70 @@ impl RouterNode {
             NodeInput::Tick => self.pending.push_back(RouterInput::Tick),
         }
         self.drain(now, out);
+        if std::mem::take(&mut self.rescan) {
+            let every = std::mem::take(&mut self.recheck);
+            self.admit_waiting(now, every, out);
+        }
     }
 
-    fn submit(&mut self, request: Arc<GenerationRequest>, deadline: Option<Millis>, pin: Pin) {
+    fn submit(
+        &mut self,
+        now: Millis,
+        request: Arc<GenerationRequest>,
+        deadline: Option<Millis>,
+        pin: Pin,
+        out: &mut Vec<NodeEffect>,
+    ) {
+        if self.router.record(&request.id).is_some() || self.waiting.contains(&request.id) {
+            return; // a duplicate submit is ignored (spec §2.4)
+        }
+        self.live.insert(request.id.clone(), Arc::clone(&request));
+        let candidates = self.candidates(&request, &pin);
+        let reserved = self.waiting.reserved();
+        let (usable, held): (Vec<Candidate>, Vec<Candidate>) = candidates
+            .into_iter()
+            .partition(|c| !reserved.contains(&c.worker_id));
+        if self.park(now, &request, deadline, &pin, &usable, &held, out) {
+            return;
+        }
+        self.pending.push_back(RouterInput::Submit {
+            request,
+            candidates: usable,
+            deadline,
+            waited_ms: 0,
+        });
+    }
+
+    /// `request`'s candidates now: pinned, each worker's queue and free pages less what
+    /// its last heartbeat does not show of the work offered there.
+    fn candidates(&self, request: &GenerationRequest, pin: &Pin) -> Vec<Candidate> {
         let amended = self.speculation.amended(self.discovery.registry());
         let mut candidates = candidates_for(
-            &request,
+            request,
             self.chunk_size,
             amended.iter().map(|o| o.as_ref()),
             &self.catalog,
         );
-        match &pin {
+        match pin {
             Pin::Any => {}
             Pin::Worker(w) => candidates.retain(|c| &c.worker_id == w),
             Pin::Nowhere => candidates.clear(),
         }
-        // Each candidate's queue plus the work its worker's last heartbeat does not show
-        // (per candidate, so a busy router clones no observation for it).
+        // Per candidate, so a busy router clones no observation for it.
         for c in &mut candidates {
             let extra_ms = self.unreflected.extra_ms(&c.worker_id);
             if extra_ms != 0.0 {
                 c.queue_ms = (c.queue_ms + extra_ms).max(0.0);
             }
+            let extra_pages = self.unreflected.extra_pages(&c.worker_id);
+            if extra_pages > 0 {
+                let from_free = extra_pages.min(u64::from(c.free_pages));
+                c.free_pages -= from_free as u32;
+                let rest = (extra_pages - from_free).min(u64::from(c.evictable_pages));
+                c.evictable_pages -= rest as u32;
+            }
         }
-        if self.router.record(&request.id).is_none() {
-            self.live.insert(request.id.clone(), Arc::clone(&request));
-        }
-        self.pending.push_back(RouterInput::Submit {
-            request,
-            candidates,
-            deadline,
-        });
+        candidates
     }
 
     fn frame(
@@ -369,6 +437,13 @@ impl RouterNode {
                     .is_some_and(|o| o.version() == version);
                 if accepted {
                     self.unreflected.heartbeat(&sender);
+                    // Only more room than the waiting requests were last examined
+                    // against can let one in (every worker heartbeats every interval).
+                    if !self.waiting.is_empty()
+                        && self.waiting.more_room(&sender, self.room(&sender))
+                    {
+                        self.rescan = true;
+                    }
                 }
             }
             ToRouter::OfferResult(m) => {
@@ -433,8 +508,18 @@ impl RouterNode {
                     .push_back(RouterInput::OfferTimeout { assignment });
             }
             Timer::Deadline(request) => {
-                self.pending
-                    .push_back(RouterInput::DeadlineExpired { request });
+                let waited = self.waiting.iter().find(|p| p.request.id == request);
+                match waited.map(|p| p.deadline) {
+                    Some(deadline) if now >= deadline => {
+                        let _ = self.waiting.remove(&request);
+                        let error = RouterError::DeadlineExceeded { deadline };
+                        self.end_waiting(request, DeliveryKind::Error { error }, out);
+                    }
+                    Some(_) => {} // early: the deadline is still ahead
+                    None => self
+                        .pending
+                        .push_back(RouterInput::DeadlineExpired { request }),
+                }
             }
             Timer::Expiry {
                 worker,
@@ -479,8 +564,9 @@ impl RouterNode {
                     };
                     if let RouterMessage::Offer(o) = &frame.message {
                         let work = added_work_ms(&o.candidate, &o.estimate);
+                        let pages = u64::from(o.estimate.required_pages);
                         self.unreflected
-                            .offered(&frame.to, o.assignment.clone(), work);
+                            .offered(&frame.to, o.assignment.clone(), work, pages);
                     }
                     out.push(NodeEffect::Send { conn, frame });
                 }
@@ -562,6 +648,8 @@ impl RouterNode {
                     reason,
                 } => {
                     self.speculation.forget(&worker);
+                    self.rescan = true;
+                    self.recheck = true;
                     out.push(NodeEffect::CancelTimer(TimerKey::Expiry(worker.clone())));
                     self.pending.extend(self.router.unavailable_inputs(&worker));
                     // A worker that merely missed heartbeats may come back on the same

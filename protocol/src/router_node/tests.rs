@@ -18,6 +18,7 @@ fn node() -> RouterNode {
         router: RouterConfig::default(),
         heartbeat_timeout_ms: 1_000,
         chunk_size: 4,
+        max_waiting: DEFAULT_MAX_WAITING,
     })
 }
 
@@ -357,4 +358,362 @@ fn timers_come_back_as_inputs_and_an_expired_worker_is_detached() {
     let e = n.handle(Millis(10_000), NodeInput::TimerFired(offer_timer));
     assert!(counts(&e).contains(&&Count::OfferTimeout));
     assert_eq!(offers(&e), [(2, "b".to_owned(), 2, Tier::None)]);
+}
+
+// ---------------------------------------------------------------------------------------
+// Requests waiting for KV pages (module `waiting`)
+// ---------------------------------------------------------------------------------------
+
+/// Worker `worker`'s heartbeat: a pool of `total` 4-token pages, `free` of them free.
+fn pool(worker: &str, sequence: u64, total: u32, free: u32) -> Observation {
+    let mut o = obs(worker, sequence);
+    o.pool.total_pages = total;
+    o.free_pages = free;
+    o
+}
+
+/// A request needing `pages` 4-token pages (its prompt and 4 new tokens).
+fn needing(id: &str, pages: u32) -> Arc<GenerationRequest> {
+    request(id, pages * 4 - 4)
+}
+
+/// Workers "a" (100 pages, 5 free: 16 short of r1) and "b" (a 10-page pool that could
+/// never hold r1), and r1 (21 pages) waiting.
+fn big_and_small_with_r1_waiting() -> RouterNode {
+    let mut n = node();
+    connect(&mut n, 1, "a");
+    connect(&mut n, 2, "b");
+    let _ = heartbeat(&mut n, 0, 1, pool("a", 1, 100, 5));
+    let _ = heartbeat(&mut n, 0, 2, pool("b", 1, 10, 10));
+    assert!(parked(&submit(&mut n, 1, &needing("r1", 21), Pin::Any)));
+    n
+}
+
+/// A node letting `max_waiting` requests wait, and worker "a" with 100 pages, `free`
+/// of them free.
+fn one_worker_queueing(max_waiting: usize, free: u32) -> RouterNode {
+    let mut n = RouterNode::new(NodeConfig {
+        router: RouterConfig::default(),
+        heartbeat_timeout_ms: 60_000,
+        chunk_size: 4,
+        max_waiting,
+    });
+    connect(&mut n, 1, "a");
+    let _ = heartbeat(&mut n, 0, 1, pool("a", 1, 100, free));
+    n
+}
+
+/// The request ended with `no-feasible-worker`.
+fn failed_at_once(effects: &[NodeEffect]) -> bool {
+    matches!(
+        &deliveries(effects)[..],
+        [Delivery {
+            kind: DeliveryKind::Error {
+                error: RouterError::NoFeasibleWorker { .. }
+            },
+            ..
+        }]
+    )
+}
+
+fn parked(effects: &[NodeEffect]) -> bool {
+    counts(effects).contains(&&Count::Parked)
+}
+
+fn admitted(effects: &[NodeEffect]) -> usize {
+    counts(effects)
+        .iter()
+        .filter(|c| matches!(c, Count::Admitted { .. }))
+        .count()
+}
+
+#[test]
+fn a_request_short_of_pages_waits_and_is_offered_when_a_heartbeat_shows_room() {
+    let mut n = node();
+    connect(&mut n, 1, "a");
+    let _ = heartbeat(&mut n, 0, 1, pool("a", 1, 100, 10));
+    let e = submit(&mut n, 5, &needing("r1", 21), Pin::Any);
+    assert!(parked(&e), "{e:?}");
+    assert!(offers(&e).is_empty() && deliveries(&e).is_empty(), "{e:?}");
+    assert!(e.iter().any(|x| matches!(
+        x,
+        NodeEffect::SetTimer { timer: Timer::Deadline(r), at } if r.as_str() == "r1" && at.0 == 60_005
+    )));
+    assert_eq!(n.waiting().len(), 1);
+    // Not yet room: it stays.
+    let e = heartbeat(&mut n, 10, 1, pool("a", 2, 100, 20));
+    assert!(offers(&e).is_empty());
+    let e = heartbeat(&mut n, 30, 1, pool("a", 3, 100, 21));
+    assert_eq!(offers(&e), [(1, "a".to_owned(), 1, Tier::None)]);
+    assert!(counts(&e).contains(&&Count::Admitted { waited_ms: 25 }));
+    assert!(n.waiting().is_empty());
+}
+
+#[test]
+fn a_request_no_pool_could_hold_fails_at_once_as_the_spec_says() {
+    for (total, why) in [
+        (20, "its pool is too small"),
+        (0, "its pool size is unknown"),
+    ] {
+        let mut n = node();
+        connect(&mut n, 1, "a");
+        let _ = heartbeat(&mut n, 0, 1, pool("a", 1, total, 10));
+        let e = submit(&mut n, 5, &needing("r1", 21), Pin::Any);
+        assert!(failed_at_once(&e), "{why}: {e:?}");
+        assert!(n.waiting().is_empty(), "{why}");
+    }
+    // With waiting turned off, a request short of pages fails at once too.
+    let mut n = one_worker_queueing(0, 10);
+    let e = submit(&mut n, 5, &needing("r1", 21), Pin::Any);
+    assert_eq!(deliveries(&e).len(), 1);
+    assert!(!parked(&e));
+}
+
+#[test]
+fn the_oldest_waiting_request_is_not_overtaken_on_the_worker_it_reserved() {
+    let mut n = big_and_small_with_r1_waiting();
+    // A small newcomer that "a" could take goes to "b" instead: "a" is r1's.
+    let e = submit(&mut n, 2, &needing("r2", 3), Pin::Any);
+    assert_eq!(offers(&e), [(2, "b".to_owned(), 1, Tier::None)]);
+    // One only "a" could take waits behind r1, even once "a" has room for it alone.
+    assert!(parked(&submit(
+        &mut n,
+        3,
+        &needing("r3", 8),
+        Pin::Worker("a".into())
+    )));
+    let e = heartbeat(&mut n, 4, 1, pool("a", 2, 100, 12));
+    assert!(offers(&e).is_empty(), "{e:?}");
+    // Room for r1: it goes first; r3 does not fit beside it and keeps waiting.
+    let e = heartbeat(&mut n, 5, 1, pool("a", 3, 100, 25));
+    assert_eq!(offers(&e), [(1, "a".to_owned(), 1, Tier::None)]);
+    assert_eq!(admitted(&e), 1);
+    let left: Vec<_> = n
+        .waiting()
+        .iter()
+        .map(|p| p.request.id.to_string())
+        .collect();
+    assert_eq!(left, ["r3"]);
+    // r1 is on "a" now; r3 is the oldest and reserves "a" for itself.
+    let _ = accept(&mut n, 6, 1, "r1", 1);
+    let e = heartbeat(&mut n, 7, 1, pool("a", 4, 100, 8));
+    assert_eq!(offers(&e), [(1, "a".to_owned(), 1, Tier::None)]);
+    assert!(n.waiting().is_empty());
+}
+
+#[test]
+fn offers_between_heartbeats_take_their_pages() {
+    let mut n = node();
+    connect(&mut n, 1, "a");
+    let _ = heartbeat(&mut n, 0, 1, pool("a", 1, 100, 30));
+    let e = submit(&mut n, 1, &needing("r1", 21), Pin::Any);
+    assert_eq!(offers(&e).len(), 1);
+    // "a" has not reported r1's pages yet: 9 are left, not 30, so r2 waits rather than
+    // being offered and declined.
+    assert!(parked(&submit(&mut n, 2, &needing("r2", 21), Pin::Any)));
+    let _ = accept(&mut n, 3, 1, "r1", 1);
+    let e = heartbeat(&mut n, 4, 1, pool("a", 2, 100, 9));
+    assert!(offers(&e).is_empty());
+    let _ = complete(&mut n, 5, 1, "r1", 1);
+    let e = heartbeat(&mut n, 6, 1, pool("a", 3, 100, 30));
+    assert_eq!(offers(&e), [(1, "a".to_owned(), 1, Tier::None)]);
+}
+
+#[test]
+fn a_waiting_request_ends_at_its_deadline_or_its_cancel_and_a_full_queue_refuses() {
+    let mut n = one_worker_queueing(2, 0);
+    let r1 = needing("r1", 5);
+    let e = n.handle(
+        Millis(1),
+        NodeInput::Submit {
+            request: Arc::clone(&r1),
+            deadline: Some(Millis(500)),
+            pin: Pin::Any,
+        },
+    );
+    assert!(parked(&e));
+    assert!(parked(&submit(&mut n, 2, &needing("r2", 5), Pin::Any)));
+    // The queue holds two: a third fails at once.
+    let e = submit(&mut n, 3, &needing("r3", 5), Pin::Any);
+    assert!(!parked(&e) && deliveries(&e).len() == 1, "{e:?}");
+    // A duplicate of a waiting request is ignored.
+    assert!(submit(&mut n, 4, &r1, Pin::Any).is_empty());
+    // An early deadline timer changes nothing; the due one fails r1.
+    let e = n.handle(
+        Millis(100),
+        NodeInput::TimerFired(Timer::Deadline("r1".into())),
+    );
+    assert!(deliveries(&e).is_empty());
+    let e = n.handle(
+        Millis(500),
+        NodeInput::TimerFired(Timer::Deadline("r1".into())),
+    );
+    assert!(matches!(
+        &deliveries(&e)[..],
+        [Delivery { kind: DeliveryKind::Error { error: RouterError::DeadlineExceeded { deadline } }, .. }]
+            if deadline.0 == 500
+    ));
+    let e = n.handle(
+        Millis(600),
+        NodeInput::Cancel {
+            request: "r2".into(),
+        },
+    );
+    assert!(matches!(
+        &deliveries(&e)[..],
+        [Delivery {
+            kind: DeliveryKind::Cancelled,
+            ..
+        }]
+    ));
+    assert!(n.waiting().is_empty());
+    // Room later offers nothing: both ended.
+    let e = heartbeat(&mut n, 700, 1, pool("a", 2, 100, 100));
+    assert!(offers(&e).is_empty());
+}
+
+#[test]
+fn a_waiting_request_fails_once_no_worker_could_hold_it() {
+    let mut n = big_and_small_with_r1_waiting();
+    // "a" goes away: nothing left could ever hold r1.
+    let e = n.handle(
+        Millis(2),
+        NodeInput::Disconnected {
+            conn: ConnectionId(1),
+        },
+    );
+    assert!(failed_at_once(&e), "{e:?}");
+    assert!(n.waiting().is_empty());
+}
+
+#[test]
+fn only_the_oldest_waiting_request_reserves_a_worker() {
+    let mut n = node();
+    for (conn, w) in [(1, "a"), (2, "b"), (3, "c")] {
+        connect(&mut n, conn, w);
+        let _ = heartbeat(&mut n, 0, conn, pool(w, 1, 100, 5));
+    }
+    // r1 takes "a" (ties go by name); r2 waits without a worker of its own.
+    for (at, r) in [(1, "r1"), (2, "r2")] {
+        assert!(parked(&submit(&mut n, at, &needing(r, 21), Pin::Any)));
+    }
+    let reserved: Vec<_> = n.waiting().iter().map(|p| p.reserved.clone()).collect();
+    assert_eq!(reserved, [Some("a".into()), None]);
+    // A small newcomer goes to a worker nobody reserved.
+    let e = submit(&mut n, 3, &needing("r3", 2), Pin::Any);
+    assert_eq!(offers(&e), [(2, "b".to_owned(), 1, Tier::None)]);
+    // "c" frees 25 pages: the oldest, r1, takes them although it reserved "a"; r2 is the
+    // oldest now, and reserves the worker fewest pages short of it, "a" (5 free; "b"
+    // has 3 left beside r3, "c" 4 beside r1).
+    let e = heartbeat(&mut n, 4, 3, pool("c", 2, 100, 25));
+    assert_eq!(offers(&e), [(3, "c".to_owned(), 1, Tier::None)]);
+    let left: Vec<_> = n
+        .waiting()
+        .iter()
+        .map(|p| (p.request.id.to_string(), p.reserved.clone()))
+        .collect();
+    assert_eq!(left, [("r2".to_owned(), Some("a".into()))]);
+    assert_eq!(waiting::most_reserved(8), 1);
+}
+
+#[test]
+fn a_burst_on_one_small_worker_is_served_whole_through_the_queue() {
+    // One worker with 48 pages; six requests at once needing 3, 23, 6, 26, 40 and 2
+    // pages (the validation's burst). The worker takes what it is offered, reports after
+    // every change and finishes its oldest request each round: every request is offered
+    // in the end, none fails.
+    let mut n = node();
+    connect(&mut n, 1, "a");
+    let mut seq = 1;
+    let _ = heartbeat(&mut n, 0, 1, pool("a", seq, 48, 48));
+    let (mut free, mut evictable) = (48u32, 0u32);
+    let report = |seq: u64, free: u32, evictable: u32| {
+        let mut o = pool("a", seq, 48, free);
+        o.evictable_pages = evictable;
+        o
+    };
+    let mut running: Vec<(String, u64, u32)> = Vec::new();
+    let mut pending: Vec<NodeEffect> = Vec::new();
+    for (i, pages) in [3, 23, 6, 26, 40, 2].into_iter().enumerate() {
+        pending.extend(submit(
+            &mut n,
+            1,
+            &needing(&format!("r{i}"), pages),
+            Pin::Any,
+        ));
+    }
+    let mut done = 0;
+    for round in 0..50u64 {
+        let now = 10 + round * 10;
+        for e in std::mem::take(&mut pending) {
+            if let NodeEffect::Send { frame, .. } = &e
+                && let RouterMessage::Offer(o) = &frame.message
+            {
+                let pages = o.estimate.required_pages;
+                assert!(
+                    pages <= free + evictable,
+                    "offered {pages} pages, {free} free"
+                );
+                let from_free = pages.min(free);
+                free -= from_free;
+                evictable -= pages - from_free;
+                let r = o.assignment.request.to_string();
+                pending.extend(accept(&mut n, now, 1, &r, o.assignment.attempt));
+                running.push((r, o.assignment.attempt, pages));
+            } else if let NodeEffect::Deliver(d) = e {
+                assert!(matches!(d.kind, DeliveryKind::Completed { .. }), "{d:?}");
+                done += 1;
+            }
+        }
+        seq += 1;
+        pending.extend(heartbeat(&mut n, now + 1, 1, report(seq, free, evictable)));
+        if !running.is_empty() {
+            let (r, attempt, pages) = running.remove(0);
+            // Its pages stay resident, evictable: a cached prefix.
+            evictable += pages;
+            pending.extend(complete(&mut n, now + 2, 1, &r, attempt));
+            seq += 1;
+            pending.extend(heartbeat(&mut n, now + 3, 1, report(seq, free, evictable)));
+        }
+        if done == 6 {
+            break;
+        }
+    }
+    assert_eq!(
+        done,
+        6,
+        "waiting: {:?}",
+        n.waiting()
+            .iter()
+            .map(|p| &p.request.id)
+            .collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn room_freed_between_two_heartbeats_still_lets_the_waiting_in() {
+    // r0 is offered and finishes between two heartbeats that both show 48 free pages;
+    // r1 waited meanwhile, examined with r0's 26 pages taken. The second heartbeat shows
+    // no change from the first, but more room than r1 was examined against.
+    let mut n = node();
+    connect(&mut n, 1, "a");
+    let _ = heartbeat(&mut n, 0, 1, pool("a", 1, 48, 48));
+    assert_eq!(
+        offers(&submit(&mut n, 1, &needing("r0", 26), Pin::Any)).len(),
+        1
+    );
+    assert!(parked(&submit(&mut n, 2, &needing("r1", 40), Pin::Any)));
+    let _ = accept(&mut n, 3, 1, "r0", 1);
+    let _ = complete(&mut n, 4, 1, "r0", 1);
+    let e = heartbeat(&mut n, 5, 1, pool("a", 2, 48, 48));
+    assert_eq!(offers(&e), [(1, "a".to_owned(), 1, Tier::None)]);
+    // A heartbeat with no more room than the queue was examined against examines nothing.
+    assert!(parked(&submit(&mut n, 6, &needing("r2", 40), Pin::Any)));
+    let e = heartbeat(&mut n, 7, 1, pool("a", 3, 48, 8));
+    assert!(
+        offers(&e).is_empty()
+            && !counts(&e)
+                .iter()
+                .any(|c| matches!(c, Count::Admitted { .. }))
+    );
 }

@@ -191,6 +191,7 @@ impl Simulation {
             request: Arc::new(request),
             candidates,
             deadline: None,
+            waited_ms: 0,
         });
     }
 
@@ -205,6 +206,7 @@ impl Simulation {
             request: Arc::new(request),
             candidates,
             deadline: Some(deadline),
+            waited_ms: 0,
         });
     }
 

@@ -210,27 +210,33 @@ fn validate_pairs_every_request_of_a_short_slice_with_both_predictions() {
     }
 }
 
-/// A burst on one worker whose pool holds about one request at a time: the router
+/// The burst of the two tests below: six requests at once on one worker whose 48-page
+/// pool holds about one at a time.
+const BURST: [&str; 12] = [
+    "--start",
+    "60",
+    "--requests",
+    "6",
+    "--workers",
+    "1",
+    "--time-scale",
+    "1000",
+    "--length-scale",
+    "32",
+    "--pages",
+    "48",
+];
+
+/// The burst, with the router's wait queue turned off (`--max-waiting 0`): the router
 /// refuses what no pool can hold yet, and the client sends it again a second later, as
 /// den's `Retry-After` asks (and as the simulated client does). Every request completes;
 /// a resent one's TTFT counts from its first send, and the router's prediction is paired
 /// with the submission it served.
 #[test]
 fn validate_sends_a_refused_request_again_and_counts_it_from_the_first_send() {
-    let report = report(&[
-        "--start",
-        "60",
-        "--requests",
-        "6",
-        "--workers",
-        "1",
-        "--time-scale",
-        "1000",
-        "--length-scale",
-        "32",
-        "--pages",
-        "48",
-    ]);
+    let mut args = BURST.to_vec();
+    args.extend(["--max-waiting", "0"]);
+    let report = report(&args);
     let summary = &report["summary"];
     assert_eq!(summary["failed"], 0, "{summary}");
     let refused = summary["refused"].as_u64().expect("refused");
@@ -258,6 +264,37 @@ fn validate_sends_a_refused_request_again_and_counts_it_from_the_first_send() {
         }
     }
     assert_eq!(resent, refused, "{summary}");
+}
+
+/// The same burst with den-agent's default router: what no pool can hold yet waits in
+/// the router, oldest first, and is offered as soon as a heartbeat shows the pages free
+/// — no refusal, no client resend, no second lost per retry. The router's prediction
+/// counts from its taking the request, the wait included.
+#[test]
+fn validate_a_burst_waits_in_the_router_for_pages_instead_of_being_refused() {
+    let report = report(&BURST);
+    let summary = &report["summary"];
+    assert_eq!(summary["failed"], 0, "{summary}");
+    assert_eq!(summary["refused"], 0, "{summary}");
+    let waited = summary["waited"].as_u64().expect("waited");
+    assert!(
+        waited >= 1,
+        "a 48-page pool held the whole burst: {summary}"
+    );
+    let rows = report["rows"].as_array().expect("rows");
+    let mut held = 0;
+    for (i, r) in rows.iter().enumerate() {
+        assert!(r.get("error").is_none(), "request {i} failed: {r}");
+        let measured = finite_non_negative(&r["measured_ttft_ms"], "measured TTFT");
+        let Some(wait) = r.get("router_waited_ms").and_then(|v| v.as_f64()) else {
+            continue;
+        };
+        held += 1;
+        assert!(wait > 0.0 && measured >= wait, "request {i}: {r}");
+        let predicted = finite_non_negative(&r["router_predicted_ttft_ms"], "prediction");
+        assert!(predicted >= wait, "request {i}: {r}");
+    }
+    assert_eq!(held, waited, "{summary}");
 }
 
 #[test]

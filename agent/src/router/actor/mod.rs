@@ -155,6 +155,7 @@ impl RouterActor {
             },
             heartbeat_timeout_ms: ms(o.heartbeat_timeout),
             chunk_size: o.chunk_size,
+            max_waiting: o.max_waiting,
         };
         let manager = crate::router::manage::Manager::new(
             crate::router::manage::ManageConfig {

@@ -176,6 +176,7 @@ impl RouterActor {
             ("completed", c.completed),
             ("failed", c.failed),
             ("cancelled", c.cancelled),
+            ("waiting", self.node.waiting().len() as u64),
         ] {
             m.gauge_set(
                 "den_router_requests",

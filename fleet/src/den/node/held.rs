@@ -1,0 +1,166 @@
+//! The requests den's router node holds for KV pages, in the replay: the node keeps them
+//! ([`den_protocol::router_node::waiting`]), the replay holds them ([`Route::held`]), and
+//! what the node later offers or fails of them becomes the replay's routes
+//! ([`crate::policy::Policy::admitted`]).
+
+use super::{NodePolicy, RETRY_AFTER_US, conn, observation, send};
+use crate::policy::{FleetView, Route, RouteRequest};
+use den_protocol::discovery::ConnectionId;
+use den_protocol::ids::RequestId;
+use den_protocol::router_node::NodeEffect;
+use den_protocol::time::Millis;
+use den_protocol::wire::{Heartbeat, Offer, RouterMessage, ToRouter};
+
+/// A request waiting in the node for KV pages.
+#[derive(Debug, Clone)]
+pub(super) struct Held {
+    pub(super) index: usize,
+    pub(super) blocks: Vec<u32>,
+    pub(super) line: usize,
+    pub(super) input_tokens: u32,
+    pub(super) output_tokens: u32,
+    pub(super) explain: bool,
+    pub(super) attempt: u32,
+}
+
+/// What became of a waiting request.
+#[derive(Debug)]
+pub(super) enum Outcome {
+    Offered(ConnectionId, Box<Offer>),
+    Failed(RequestId),
+}
+
+impl NodePolicy {
+    /// Whether some worker has the pages one of the waiting requests needed when the
+    /// node last examined it: the node examines no other (`RouterNode` skips a waiting
+    /// request no worker has the room for), so a fresh heartbeat is worth sending.
+    pub(super) fn room_for_held(&self, fleet: &FleetView) -> bool {
+        let Some(node) = &self.node else {
+            return false;
+        };
+        let Some(need) = node.waiting().iter().map(|p| p.needed_pages).min() else {
+            return false;
+        };
+        (0..fleet.worker_count()).any(|w| {
+            let load = fleet.load(w);
+            u64::from(load.free_blocks) + u64::from(load.evictable_blocks) >= need
+        })
+    }
+
+    /// The blocks of `first` (the request being routed), then of the oldest waiting
+    /// requests: the prefixes a fresh heartbeat lists and the catalog is brought up to
+    /// date for. Only the oldest `2 × workers`: the node examines waiting requests
+    /// oldest first and stops once each worker is reserved, so a younger one is almost
+    /// never priced, and listing every one (hundreds past capacity) for every event
+    /// would cost the replay most of its time.
+    pub(super) fn held_lists(&self, first: Option<&[u32]>, workers: usize) -> Vec<Vec<u32>> {
+        let mut held: Vec<&Held> = self.held.values().collect();
+        held.sort_by_key(|h| h.index);
+        first
+            .map(<[u32]>::to_vec)
+            .into_iter()
+            .chain(held.into_iter().take(2 * workers).map(|h| h.blocks.clone()))
+            .collect()
+    }
+
+    /// Worker `w`'s heartbeat listing the resident prefixes of each of `lists`.
+    pub(super) fn heartbeat_listing(
+        &mut self,
+        w: usize,
+        fleet: &FleetView,
+        lists: &[Vec<u32>],
+        now: Millis,
+    ) {
+        let Some(seq) = self.sequence.get_mut(w) else {
+            return;
+        };
+        *seq += 1;
+        let mut obs = observation(w, *seq, fleet, &self.model);
+        let mut seen = std::collections::HashSet::new();
+        for blocks in lists {
+            for p in self.request_prefixes(w, blocks, fleet) {
+                if seen.insert(p.prefix_hash) {
+                    obs.gpu_prefixes.push(p);
+                }
+            }
+        }
+        if let Some(node) = self.node.as_mut() {
+            let frame = ToRouter::Heartbeat(Box::new(Heartbeat { observation: obs }));
+            let effects = send(node, now, conn(w), frame);
+            self.outcomes.extend(outcomes(effects));
+        }
+    }
+
+    /// What the node offered or failed of the waiting requests since the last call, as
+    /// the replay's routes ([`Policy::admitted`]); first, where the replay gives current
+    /// views and one of them may fit, every worker heartbeats as it is now (as before
+    /// each arrival), listing the prefixes of the oldest waiting requests' blocks.
+    pub(super) fn admit_held(&mut self, fleet: &FleetView) -> Vec<(usize, Route)> {
+        let now = Millis(fleet.now / 1000);
+        if !self.held.is_empty()
+            && !fleet.lagged()
+            && self.beat_at != Some(fleet.now)
+            && self.room_for_held(fleet)
+        {
+            let lists = self.held_lists(None, fleet.worker_count());
+            for blocks in &lists {
+                self.sync_catalog(blocks, fleet, now);
+            }
+            for w in 0..fleet.worker_count() {
+                self.heartbeat_listing(w, fleet, &lists, now);
+            }
+            self.beat_at = Some(fleet.now);
+        }
+        let mut out = Vec::new();
+        for outcome in std::mem::take(&mut self.outcomes) {
+            match outcome {
+                Outcome::Offered(conn, offer) => {
+                    let id = offer.assignment.request.clone();
+                    let Some(h) = self.held.remove(&id) else {
+                        continue;
+                    };
+                    let mut route = self.accept(now, conn, offer, h.index, &h.blocks, fleet);
+                    if h.explain {
+                        let request = RouteRequest {
+                            index: h.index,
+                            line: h.line,
+                            input_tokens: h.input_tokens,
+                            output_tokens: h.output_tokens,
+                            blocks: &h.blocks,
+                            explain: true,
+                            attempt: h.attempt,
+                        };
+                        route.record = self.study_record(&id, &request, fleet);
+                    }
+                    out.push((h.index, route));
+                }
+                Outcome::Failed(id) => {
+                    if let Some(h) = self.held.remove(&id) {
+                        out.push((h.index, refused()));
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+/// den-agent's answer when no worker could hold a request: 503 with `Retry-After: 1`.
+pub(super) fn refused() -> Route {
+    Route {
+        retry_after_us: Some(RETRY_AFTER_US),
+        ..Route::to(0)
+    }
+}
+
+/// The offers and failures among a worker frame's effects (requests that waited).
+pub(super) fn outcomes(effects: Vec<NodeEffect>) -> impl Iterator<Item = Outcome> {
+    effects.into_iter().filter_map(|e| match e {
+        NodeEffect::Send { conn, frame } => match frame.message {
+            RouterMessage::Offer(o) => Some(Outcome::Offered(conn, o)),
+            _ => None,
+        },
+        NodeEffect::Deliver(d) if d.is_terminal() => Some(Outcome::Failed(d.request)),
+        _ => None,
+    })
+}
