@@ -9,7 +9,6 @@
 //! Every process writes its log to a temporary file; when a test panics the tail of each
 //! log is printed, so a failure shows what the processes saw.
 
-use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -654,32 +653,7 @@ impl Worker {
 
 /// The value of metric `name` with exactly `labels` in Prometheus text (0 when absent).
 pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
-    let want: BTreeMap<&str, &str> = labels.iter().copied().collect();
-    for line in text.lines() {
-        if line.starts_with('#') {
-            continue;
-        }
-        let Some((series, value)) = line.rsplit_once(' ') else {
-            continue;
-        };
-        let (n, l) = match series.split_once('{') {
-            Some((n, rest)) => (n, rest.trim_end_matches('}')),
-            None => (series, ""),
-        };
-        if n != name {
-            continue;
-        }
-        let got: BTreeMap<&str, &str> = l
-            .split(',')
-            .filter(|p| !p.is_empty())
-            .filter_map(|p| p.split_once('='))
-            .map(|(k, v)| (k, v.trim_matches('"')))
-            .collect();
-        if got == want {
-            return value.parse().unwrap_or(0.0);
-        }
-    }
-    0.0
+    den_agent::metrics::read_value(text, name, labels).unwrap_or(0.0)
 }
 
 /// Sum of metric `name` over every label set.

@@ -301,16 +301,28 @@ impl NodePolicy {
     }
 
     /// Worker `w`'s heartbeat: its load as `fleet` shows it and the GPU prefixes it
-    /// holds — of `only` these blocks, or of every resident block.
-    fn heartbeat_of(&mut self, w: usize, fleet: &FleetView, only: Option<&[u32]>, now: Millis) {
+    /// holds — those of each of `lists` of blocks, or every resident one (`None`).
+    fn heartbeat_of(
+        &mut self,
+        w: usize,
+        fleet: &FleetView,
+        lists: Option<&[Vec<u32>]>,
+        now: Millis,
+    ) {
         let Some(seq) = self.sequence.get_mut(w) else {
             return;
         };
         *seq += 1;
         let mut obs = observation(w, *seq, fleet, &self.model);
-        obs.gpu_prefixes = match only {
-            Some(blocks) => self.request_prefixes(w, blocks, fleet),
+        obs.gpu_prefixes = match lists {
             None => self.all_prefixes(w, fleet),
+            Some(lists) => {
+                let mut seen = std::collections::HashSet::new();
+                let prefixes = lists
+                    .iter()
+                    .flat_map(|b| self.request_prefixes(w, b, fleet));
+                prefixes.filter(|p| seen.insert(p.prefix_hash)).collect()
+            }
         };
         if let Some(node) = self.node.as_mut() {
             let frame = ToRouter::Heartbeat(Box::new(Heartbeat { observation: obs }));
@@ -521,7 +533,7 @@ impl Policy for NodePolicy {
                 vec![request.blocks.to_vec()]
             };
             for w in 0..fleet.worker_count() {
-                self.heartbeat_listing(w, fleet, &lists, now);
+                self.heartbeat_of(w, fleet, Some(&lists), now);
             }
             self.beat_at = Some(fleet.now);
         }

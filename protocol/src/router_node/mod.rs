@@ -295,6 +295,7 @@ impl RouterNode {
             } => self.submit(now, request, deadline, pin, out),
             NodeInput::Cancel { request } => {
                 if self.waiting.remove(&request).is_some() {
+                    self.rescan = true; // the next oldest may reserve a worker now
                     self.end_waiting(request, DeliveryKind::Cancelled, out);
                 } else {
                     self.pending.push_back(RouterInput::Cancel { request });
@@ -347,10 +348,11 @@ impl RouterNode {
         }
         self.live.insert(request.id.clone(), Arc::clone(&request));
         let candidates = self.candidates(&request, &pin);
-        let reserved = self.waiting.reserved();
-        let (usable, held): (Vec<Candidate>, Vec<Candidate>) = candidates
-            .into_iter()
-            .partition(|c| !reserved.contains(&c.worker_id));
+        // Nothing newer than the oldest waiting request is offered where it waits.
+        let (usable, held): (Vec<Candidate>, Vec<Candidate>) = match self.waiting.reserved() {
+            Some(w) => candidates.into_iter().partition(|c| &c.worker_id != w),
+            None => (candidates, Vec::new()),
+        };
         if self.park(now, &request, deadline, &pin, &usable, &held, out) {
             return;
         }
@@ -439,9 +441,8 @@ impl RouterNode {
                     self.unreflected.heartbeat(&sender);
                     // Only more room than the waiting requests were last examined
                     // against can let one in (every worker heartbeats every interval).
-                    if !self.waiting.is_empty()
-                        && self.waiting.more_room(&sender, self.room(&sender))
-                    {
+                    let room = self.room(&sender);
+                    if !self.waiting.is_empty() && self.waiting.more_room(&sender, room) {
                         self.rescan = true;
                     }
                 }
@@ -512,6 +513,7 @@ impl RouterNode {
                 match waited.map(|p| p.deadline) {
                     Some(deadline) if now >= deadline => {
                         let _ = self.waiting.remove(&request);
+                        self.rescan = true;
                         let error = RouterError::DeadlineExceeded { deadline };
                         self.end_waiting(request, DeliveryKind::Error { error }, out);
                     }

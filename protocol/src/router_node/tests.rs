@@ -593,12 +593,11 @@ fn only_the_oldest_waiting_request_reserves_a_worker() {
         connect(&mut n, conn, w);
         let _ = heartbeat(&mut n, 0, conn, pool(w, 1, 100, 5));
     }
-    // r1 takes "a" (ties go by name); r2 waits without a worker of its own.
+    // r1 takes "a" (ties go by name); r2 waits behind it, without a worker of its own.
     for (at, r) in [(1, "r1"), (2, "r2")] {
         assert!(parked(&submit(&mut n, at, &needing(r, 21), Pin::Any)));
     }
-    let reserved: Vec<_> = n.waiting().iter().map(|p| p.reserved.clone()).collect();
-    assert_eq!(reserved, [Some("a".into()), None]);
+    assert_eq!(n.waiting().reserved(), Some(&"a".into()));
     // A small newcomer goes to a worker nobody reserved.
     let e = submit(&mut n, 3, &needing("r3", 2), Pin::Any);
     assert_eq!(offers(&e), [(2, "b".to_owned(), 1, Tier::None)]);
@@ -610,10 +609,10 @@ fn only_the_oldest_waiting_request_reserves_a_worker() {
     let left: Vec<_> = n
         .waiting()
         .iter()
-        .map(|p| (p.request.id.to_string(), p.reserved.clone()))
+        .map(|p| p.request.id.to_string())
         .collect();
-    assert_eq!(left, [("r2".to_owned(), Some("a".into()))]);
-    assert_eq!(waiting::most_reserved(8), 1);
+    assert_eq!(left, ["r2"]);
+    assert_eq!(n.waiting().reserved(), Some(&"a".into()));
 }
 
 #[test]
@@ -690,11 +689,9 @@ fn a_burst_on_one_small_worker_is_served_whole_through_the_queue() {
     );
 }
 
-#[test]
-fn room_freed_between_two_heartbeats_still_lets_the_waiting_in() {
-    // r0 is offered and finishes between two heartbeats that both show 48 free pages;
-    // r1 waited meanwhile, examined with r0's 26 pages taken. The second heartbeat shows
-    // no change from the first, but more room than r1 was examined against.
+/// One 48-page worker "a": r0 offered 26 pages, r1 (40) waiting, examined against the
+/// 22 left.
+fn r0_offered_and_r1_waiting() -> RouterNode {
     let mut n = node();
     connect(&mut n, 1, "a");
     let _ = heartbeat(&mut n, 0, 1, pool("a", 1, 48, 48));
@@ -703,6 +700,15 @@ fn room_freed_between_two_heartbeats_still_lets_the_waiting_in() {
         1
     );
     assert!(parked(&submit(&mut n, 2, &needing("r1", 40), Pin::Any)));
+    n
+}
+
+#[test]
+fn room_freed_between_two_heartbeats_still_lets_the_waiting_in() {
+    // r0 is offered and finishes between two heartbeats that both show 48 free pages;
+    // r1 waited meanwhile, examined with r0's 26 pages taken. The second heartbeat shows
+    // no change from the first, but more room than r1 was examined against.
+    let mut n = r0_offered_and_r1_waiting();
     let _ = accept(&mut n, 3, 1, "r0", 1);
     let _ = complete(&mut n, 4, 1, "r0", 1);
     let e = heartbeat(&mut n, 5, 1, pool("a", 2, 48, 48));
@@ -716,4 +722,35 @@ fn room_freed_between_two_heartbeats_still_lets_the_waiting_in() {
                 .iter()
                 .any(|c| matches!(c, Count::Admitted { .. }))
     );
+}
+
+#[test]
+fn room_freed_without_a_heartbeat_still_lets_the_waiting_in() {
+    // r0 is offered 26 of "a"'s 48 pages; r1 (40) waits, examined against the 22 left.
+    // r0 is declined, so the node's view of "a" is 48 again without any heartbeat, and
+    // r2, pinned to "a" (r1's), waits behind r1 — examined against 48. The next
+    // heartbeat shows 48: not more than r2 saw, but more than r1 did.
+    let mut n = r0_offered_and_r1_waiting();
+    let _ = n.handle(
+        Millis(3),
+        NodeInput::Frame {
+            conn: ConnectionId(1),
+            frame: ToRouter::OfferResult(OfferResult {
+                assignment: AssignmentId::new("r0", 1),
+                worker_epoch: Epoch(1),
+                accepted: false,
+                reason: Some(DeclineReason::InsufficientPages),
+            }),
+        },
+    );
+    assert!(parked(&submit(
+        &mut n,
+        4,
+        &needing("r2", 2),
+        Pin::Worker("a".into())
+    )));
+    let e = heartbeat(&mut n, 5, 1, pool("a", 2, 48, 48));
+    // r1, then r2 beside it (8 pages left).
+    assert_eq!(offers(&e).len(), 2, "{e:?}");
+    assert!(n.waiting().is_empty());
 }

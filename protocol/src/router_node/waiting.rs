@@ -16,7 +16,8 @@
 //!   it waits only for that worker's running requests to finish. Newcomers that fit
 //!   elsewhere go at once (they backfill the other workers). Measured alternatives, all
 //!   worse past capacity (BENCHMARKS.md, "Requests that wait for pages"): letting the
-//!   younger waiting requests backfill too, and reserving more workers ([`most_reserved`]).
+//!   younger waiting requests backfill too, and reserving a worker for every waiting
+//!   request or for a quarter of the fleet (each reserved worker's batch drains).
 //! - An accepted heartbeat that shows a worker with more room than the queue was last
 //!   examined against re-examines it; a request that now has a feasible candidate is
 //!   submitted to the router machine with the candidates of that moment, and one that no
@@ -27,7 +28,7 @@
 //! - A worker that does not report its pool's size (`pool.total_pages` 0) is never
 //!   waited for: the node cannot tell whether the request would ever fit there.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 use crate::candidate::{Candidate, Infeasible, estimate};
@@ -49,9 +50,6 @@ pub struct Parked {
     /// The fewest pages it needed on a worker that could hold it, when last examined: a
     /// heartbeat that leaves no worker that much room skips building its candidates.
     pub needed_pages: u64,
-    /// The worker it reserved, the one fewest pages short of it among those no older
-    /// waiting request reserved (`None`: it is not among the [`most_reserved`] oldest).
-    pub reserved: Option<WorkerId>,
 }
 
 /// The queue (module documentation).
@@ -59,11 +57,13 @@ pub struct Parked {
 pub struct Waiting {
     pub(super) entries: VecDeque<Parked>,
     capacity: usize,
+    /// The worker the oldest reserved: the one fewest pages short of it.
+    reserved: Option<WorkerId>,
     /// Each worker's room (free and evictable pages, less those offered since its last
-    /// heartbeat) when the waiting requests were last examined: a heartbeat showing no
-    /// more than that cannot let one in. Not the previous heartbeat's: a request offered
-    /// and finished between two heartbeats leaves those equal although the queue was
-    /// examined with its pages taken.
+    /// heartbeat) when the waiting requests were last examined, or the least it showed
+    /// since: a heartbeat showing no more cannot let one in. Not the previous heartbeat's
+    /// room: a request offered and finished between two heartbeats leaves those equal
+    /// although the queue was examined with its pages taken.
     examined_room: BTreeMap<WorkerId, u64>,
 }
 
@@ -104,35 +104,33 @@ impl Waiting {
         self.entries.iter()
     }
 
-    /// Takes `request` out of the queue (cancelled, or its deadline passed).
+    /// Takes `request` out of the queue (cancelled, or its deadline passed); the oldest
+    /// takes its reservation with it.
     pub fn remove(&mut self, request: &RequestId) -> Option<Parked> {
         let i = self.entries.iter().position(|p| &p.request.id == request)?;
+        if i == 0 {
+            self.reserved = None;
+        }
         self.entries.remove(i)
     }
 
-    /// Whether `room` on `worker` is more than the waiting requests were examined against.
-    pub fn more_room(&self, worker: &WorkerId, room: u64) -> bool {
-        self.examined_room.get(worker).is_none_or(|r| room > *r)
+    /// A heartbeat shows `room` on `worker`: whether that is more than the waiting
+    /// requests were examined against, or than the worker has shown since (less room
+    /// lowers the mark, so room that frees again after newer requests took it counts).
+    pub fn more_room(&mut self, worker: &WorkerId, room: u64) -> bool {
+        match self.examined_room.get_mut(worker) {
+            Some(mark) if room <= *mark => {
+                *mark = room;
+                false
+            }
+            _ => true,
+        }
     }
 
-    /// The workers the waiting requests reserved: nothing newer may be offered there.
-    pub fn reserved(&self) -> BTreeSet<WorkerId> {
-        self.entries
-            .iter()
-            .filter_map(|p| p.reserved.clone())
-            .collect()
+    /// The worker the oldest waiting request reserved: nothing newer is offered there.
+    pub fn reserved(&self) -> Option<&WorkerId> {
+        self.reserved.as_ref()
     }
-}
-
-/// How many workers waiting requests may reserve at once among `workers`: one, the
-/// oldest's (EASY backfilling). A reserved worker takes no new request until the one that
-/// reserved it fits, so its batch drains while it waits. Measured on the Mooncake trace
-/// past capacity (8 workers, BENCHMARKS.md "Requests that wait for pages"): reserving a
-/// worker for every waiting request (conservative backfilling) idled so much of the
-/// fleet that it served 1.60 requests a second against 2.38 with one reservation (mean
-/// TTFT 812 s against 217 s), and a quarter of the workers 1.67 (300 s).
-pub fn most_reserved(_workers: usize) -> usize {
-    1
 }
 
 /// Whether any candidate can serve `request` now.
@@ -178,8 +176,8 @@ pub fn shortfall<'a>(
 /// The waiting requests in the node's handling (module documentation).
 impl RouterNode {
     /// Parks `request` if it has no usable feasible candidate, some worker could hold it
-    /// once pages free, the queue has room and its deadline is ahead: the oldest few
-    /// reserve a worker ([`most_reserved`]). Returns whether it now waits.
+    /// once pages free, the queue has room and its deadline is ahead; the first to wait
+    /// reserves a worker. Returns whether it now waits.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn park(
         &mut self,
@@ -201,26 +199,25 @@ impl RouterNode {
         let Some(needed_pages) = self.wait_for(request, usable, held) else {
             return false;
         };
-        let registry = self.discovery.registry();
-        let reserved = if self.waiting.reserved().len() < most_reserved(registry.len()) {
-            shortfall(request, usable, registry).map(|s| s.worker)
-        } else {
-            None
-        };
+        if self.waiting.is_empty() {
+            self.waiting.reserved =
+                shortfall(request, usable, self.discovery.registry()).map(|s| s.worker);
+        }
         self.waiting.entries.push_back(Parked {
             request: Arc::clone(request),
             deadline,
             pin: pin.clone(),
             since: now,
             needed_pages,
-            reserved,
         });
         out.push(NodeEffect::SetTimer {
             timer: Timer::Deadline(request.id.clone()),
             at: deadline,
         });
         out.push(NodeEffect::Count(Count::Parked));
-        self.note_rooms();
+        // It was examined against every worker's room now; the older ones were not, so
+        // a mark only comes down (room freed silently, by a decline, still counts).
+        self.note_rooms(true);
         true
     }
 
@@ -237,7 +234,7 @@ impl RouterNode {
         let short = shortfall(request, usable.iter().chain(held), registry).map(|s| s.needed_pages);
         let on_reserved = held
             .iter()
-            .map(|c| crate::candidate::estimate(request, c))
+            .map(|c| estimate(request, c))
             .filter(|e| e.feasible())
             .map(|e| u64::from(e.required_pages))
             .min();
@@ -247,76 +244,45 @@ impl RouterNode {
         }
     }
 
-    /// Examines the waiting requests oldest first (module [`waiting`]): one with a
-    /// feasible candidate goes to the router machine; the oldest still waiting reserves
-    /// its worker for itself; one that could no longer be served however long it waited
-    /// fails as the spec says.
+    /// Examines the waiting requests in arrival order (module [`waiting`]): the oldest
+    /// goes to the router machine if it has a feasible candidate now, and the next is
+    /// examined; the first that still waits reserves its worker, and the ones behind it
+    /// wait their turn. One that could no longer be served however long it waited fails
+    /// as the spec says. `every`: a worker left, so examine the oldest even where no
+    /// worker has the room it needed.
     pub(super) fn admit_waiting(&mut self, now: Millis, every: bool, out: &mut Vec<NodeEffect>) {
-        if self.waiting.is_empty() {
-            return;
-        }
-        let entries = std::mem::take(&mut self.waiting.entries);
-        // The workers reserved by the requests kept so far, oldest first.
-        let mut reserved: BTreeSet<WorkerId> = BTreeSet::new();
-        let mut room = self.most_room();
-        let workers = self.discovery.registry().len();
-        let most = most_reserved(workers);
-        for mut p in entries {
-            let may_reserve = reserved.len() < most;
-            if reserved.len() >= workers.min(most) {
-                // An older request holds the reservation: this one waits its turn (in
-                // arrival order; see the module documentation).
-                p.reserved = None;
-                self.waiting.entries.push_back(p);
-                continue;
+        while let Some(oldest) = self.waiting.entries.front() {
+            let reserved = self.waiting.reserved.is_some();
+            if reserved && !every && oldest.needed_pages > self.most_room() {
+                break; // no worker has the room it needed when last looked at
             }
-            // One that may reserve a worker and holds none is examined to pick one.
-            let to_reserve = p.reserved.is_none() && may_reserve;
-            if !every && !to_reserve && p.needed_pages > room {
-                // No worker has the pages it needed when last looked at: it waits, and
-                // keeps its worker if it still may and no older request took it.
-                let keeps = may_reserve
-                    && p.reserved
-                        .as_ref()
-                        .is_some_and(|w| reserved.insert(w.clone()));
-                if !keeps {
-                    p.reserved = None;
-                }
-                self.waiting.entries.push_back(p);
-                continue;
-            }
+            let Some(mut p) = self.waiting.entries.pop_front() else {
+                break;
+            };
             let candidates = self.candidates(&p.request, &p.pin);
-            let (usable, held): (Vec<Candidate>, Vec<Candidate>) = candidates
-                .into_iter()
-                .partition(|c| !reserved.contains(&c.worker_id));
-            let feasible = any_feasible(&p.request, &usable);
-            if !feasible && let Some(needed_pages) = self.wait_for(&p.request, &usable, &held) {
-                p.needed_pages = needed_pages;
-                p.reserved = if may_reserve {
-                    shortfall(&p.request, &usable, self.discovery.registry()).map(|s| s.worker)
-                } else {
-                    None
-                };
-                if let Some(w) = &p.reserved {
-                    reserved.insert(w.clone());
-                }
-                self.waiting.entries.push_back(p);
-                continue;
+            let feasible = any_feasible(&p.request, &candidates);
+            if !feasible
+                && let Some(s) = shortfall(&p.request, &candidates, self.discovery.registry())
+            {
+                p.needed_pages = s.needed_pages;
+                self.waiting.reserved = Some(s.worker);
+                self.waiting.entries.push_front(p);
+                break;
             }
+            self.waiting.reserved = None;
             let waited_ms = now.0.saturating_sub(p.since.0);
             if feasible {
                 out.push(NodeEffect::Count(Count::Admitted { waited_ms }));
             }
             self.pending.push_back(RouterInput::Submit {
                 request: p.request,
-                candidates: usable,
+                candidates,
                 deadline: Some(p.deadline),
                 waited_ms,
             });
             self.drain(now, out);
-            room = self.most_room();
         }
-        self.note_rooms();
+        self.note_rooms(false);
     }
 
     /// The most pages any worker has for a new request.
@@ -336,12 +302,20 @@ impl RouterNode {
         })
     }
 
-    /// The waiting requests were examined against every worker's room now.
-    fn note_rooms(&mut self) {
-        let rooms: BTreeMap<WorkerId, u64> = (self.discovery.registry().observations())
+    /// The waiting requests were examined against every worker's room now (`lower`:
+    /// only the newest was, so no mark goes up).
+    fn note_rooms(&mut self, lower: bool) {
+        let rooms: Vec<(WorkerId, u64)> = (self.discovery.registry().observations())
             .map(|o| (o.worker_id.clone(), self.room(&o.worker_id)))
             .collect();
-        self.waiting.examined_room = rooms;
+        let marks = &mut self.waiting.examined_room;
+        if !lower {
+            marks.clear();
+        }
+        for (worker, room) in rooms {
+            let mark = marks.entry(worker).or_insert(room);
+            *mark = (*mark).min(room);
+        }
     }
 
     /// A waiting request ends without reaching the router machine.

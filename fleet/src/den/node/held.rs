@@ -3,13 +3,13 @@
 //! what the node later offers or fails of them becomes the replay's routes
 //! ([`crate::policy::Policy::admitted`]).
 
-use super::{NodePolicy, RETRY_AFTER_US, conn, observation, send};
+use super::{NodePolicy, RETRY_AFTER_US};
 use crate::policy::{FleetView, Route, RouteRequest};
 use den_protocol::discovery::ConnectionId;
 use den_protocol::ids::RequestId;
 use den_protocol::router_node::NodeEffect;
 use den_protocol::time::Millis;
-use den_protocol::wire::{Heartbeat, Offer, RouterMessage, ToRouter};
+use den_protocol::wire::{Offer, RouterMessage};
 
 /// A request waiting in the node for KV pages.
 #[derive(Debug, Clone)]
@@ -31,14 +31,15 @@ pub(super) enum Outcome {
 }
 
 impl NodePolicy {
-    /// Whether some worker has the pages one of the waiting requests needed when the
-    /// node last examined it: the node examines no other (`RouterNode` skips a waiting
-    /// request no worker has the room for), so a fresh heartbeat is worth sending.
+    /// Whether some worker has the pages the oldest waiting request needed when the node
+    /// last examined it: the node examines none before that one (`RouterNode` skips it
+    /// while no worker has that room, and the others wait behind it), so only then is a
+    /// fresh heartbeat worth sending.
     pub(super) fn room_for_held(&self, fleet: &FleetView) -> bool {
-        let Some(node) = &self.node else {
-            return false;
-        };
-        let Some(need) = node.waiting().iter().map(|p| p.needed_pages).min() else {
+        let Some(need) = (self.node.as_ref())
+            .and_then(|n| n.waiting().iter().next())
+            .map(|p| p.needed_pages)
+        else {
             return false;
         };
         (0..fleet.worker_count()).any(|w| {
@@ -49,8 +50,8 @@ impl NodePolicy {
 
     /// The blocks of `first` (the request being routed), then of the oldest waiting
     /// requests: the prefixes a fresh heartbeat lists and the catalog is brought up to
-    /// date for. Only the oldest `2 × workers`: the node examines waiting requests
-    /// oldest first and stops once each worker is reserved, so a younger one is almost
+    /// date for. Only the oldest `2 × workers`: the node examines waiting requests in
+    /// arrival order and stops at the first that still waits, so a younger one is almost
     /// never priced, and listing every one (hundreds past capacity) for every event
     /// would cost the replay most of its time.
     pub(super) fn held_lists(&self, first: Option<&[u32]>, workers: usize) -> Vec<Vec<u32>> {
@@ -61,34 +62,6 @@ impl NodePolicy {
             .into_iter()
             .chain(held.into_iter().take(2 * workers).map(|h| h.blocks.clone()))
             .collect()
-    }
-
-    /// Worker `w`'s heartbeat listing the resident prefixes of each of `lists`.
-    pub(super) fn heartbeat_listing(
-        &mut self,
-        w: usize,
-        fleet: &FleetView,
-        lists: &[Vec<u32>],
-        now: Millis,
-    ) {
-        let Some(seq) = self.sequence.get_mut(w) else {
-            return;
-        };
-        *seq += 1;
-        let mut obs = observation(w, *seq, fleet, &self.model);
-        let mut seen = std::collections::HashSet::new();
-        for blocks in lists {
-            for p in self.request_prefixes(w, blocks, fleet) {
-                if seen.insert(p.prefix_hash) {
-                    obs.gpu_prefixes.push(p);
-                }
-            }
-        }
-        if let Some(node) = self.node.as_mut() {
-            let frame = ToRouter::Heartbeat(Box::new(Heartbeat { observation: obs }));
-            let effects = send(node, now, conn(w), frame);
-            self.outcomes.extend(outcomes(effects));
-        }
     }
 
     /// What the node offered or failed of the waiting requests since the last call, as
@@ -107,7 +80,7 @@ impl NodePolicy {
                 self.sync_catalog(blocks, fleet, now);
             }
             for w in 0..fleet.worker_count() {
-                self.heartbeat_listing(w, fleet, &lists, now);
+                self.heartbeat_of(w, fleet, Some(&lists), now);
             }
             self.beat_at = Some(fleet.now);
         }
