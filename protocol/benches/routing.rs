@@ -98,7 +98,6 @@ fn submit_to_first_offer(bencher: Bencher, workers: usize) {
                     request: Arc::clone(&request),
                     candidates,
                     deadline: None,
-                    waited_ms: 0,
                 },
             );
             let first = effects

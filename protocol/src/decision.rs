@@ -33,7 +33,9 @@ pub struct DecisionRecord {
     pub deadline: Millis,
     /// How long the request waited in the router for KV pages before its candidates
     /// were taken ([`crate::router_node::waiting`]): its first offer went out this long
-    /// after `submitted_at`, and the attempts' predicted TTFTs count from then.
+    /// after `submitted_at`, and the attempts' predicted TTFTs count from then. One that
+    /// ended while waiting (cancelled, past its deadline) waited until it ended. While it
+    /// still waits, 0, with no attempt and no outcome ([`DecisionRecord::is_waiting`]).
     #[serde(default, skip_serializing_if = "is_zero_u64")]
     pub waited_ms: u64,
     /// The candidate snapshot taken at submission, each with its estimate (predicted
@@ -67,6 +69,13 @@ fn is_zero_u64(v: &u64) -> bool {
 }
 
 impl DecisionRecord {
+    /// Whether the request is still waiting in the router for KV pages: nothing was
+    /// offered yet and it has not ended (the router offers a request in the same step
+    /// that submits it otherwise, so no other record is ever seen this way).
+    pub fn is_waiting(&self) -> bool {
+        self.attempts.is_empty() && self.outcome.is_none()
+    }
+
     /// The attempt that is current or ended the request (the last one made).
     pub fn last_attempt(&self) -> Option<&AttemptRecord> {
         self.attempts.last()
@@ -198,6 +207,15 @@ pub enum DecisionEventKind {
         feasible: u32,
         infeasible: u32,
         deadline: Millis,
+    },
+    /// No candidate can take it until KV pages free: the router node holds it (its
+    /// record is in phase waiting, with no attempt).
+    Waiting,
+    /// It left the wait for pages after `waited_ms`, with these candidates.
+    Released {
+        waited_ms: u64,
+        feasible: u32,
+        infeasible: u32,
     },
     Offered {
         attempt: u64,

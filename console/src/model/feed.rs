@@ -297,7 +297,8 @@ pub(crate) fn route_row(at: Millis, source: &SourceId, record: &DecisionRecord) 
         (Some(TerminalOutcome::Failed { .. }), _) => RoutePhase::Failed,
         (Some(TerminalOutcome::Cancelled), _) => RoutePhase::Cancelled,
         (None, Some(AttemptOutcome::Running)) => RoutePhase::Running,
-        (None, _) => RoutePhase::Offered,
+        (None, Some(_)) => RoutePhase::Offered,
+        (None, None) => RoutePhase::Waiting,
     };
     let setbacks = record
         .attempts

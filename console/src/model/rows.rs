@@ -358,6 +358,8 @@ pub struct PageRow {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum RoutePhase {
+    /// Held by the router until a worker has the KV pages for it.
+    Waiting,
     Offered,
     Running,
     Completed,
@@ -368,6 +370,7 @@ pub enum RoutePhase {
 impl RoutePhase {
     pub fn as_str(self) -> &'static str {
         match self {
+            RoutePhase::Waiting => "waiting",
             RoutePhase::Offered => "offered",
             RoutePhase::Running => "running",
             RoutePhase::Completed => "completed",
@@ -377,7 +380,10 @@ impl RoutePhase {
     }
 
     pub fn is_live(self) -> bool {
-        matches!(self, RoutePhase::Offered | RoutePhase::Running)
+        matches!(
+            self,
+            RoutePhase::Waiting | RoutePhase::Offered | RoutePhase::Running
+        )
     }
 }
 

@@ -709,3 +709,63 @@ fn a_placement_deadline_from_the_fence_wins_over_first_sight() {
         "without a fence: the default from first sight"
     );
 }
+
+/// A request the router holds for KV pages has a record before any offer: the console
+/// shows it as a live "waiting" route (so it can be cancelled), then as offered once it
+/// leaves the wait. The records come from den's router machine itself.
+#[test]
+fn a_request_waiting_for_pages_is_a_live_route_until_it_leaves_the_wait() {
+    use den_protocol::router::{Router, RouterInput};
+    use std::sync::Arc;
+
+    let request = Arc::new(
+        den_protocol::request::GenerationRequest::new("held-1", "m", vec![1, 2, 3], 8)
+            .expect("request"),
+    );
+    let mut router = Router::default();
+    let _ = router.handle(
+        Millis(100),
+        RouterInput::Hold {
+            request: Arc::clone(&request),
+            candidates: Vec::new(),
+            deadline: None,
+        },
+    );
+    let feed = |model: &mut Model, at: u64, router: &Router| {
+        let record = router.record(&"held-1".into()).expect("record").clone();
+        model.apply(&ev(
+            at,
+            SessionEvent::Feed {
+                source: "router".into(),
+                message: FeedMessage::Route {
+                    at: Millis(at),
+                    record: Box::new(record),
+                },
+            },
+        ));
+    };
+    let mut model = model_of(&SCENARIO);
+    feed(&mut model, 25_010, &router);
+    let row = model
+        .route(&"router".into(), &"held-1".into())
+        .expect("a waiting request has a route row");
+    assert_eq!(row.phase, RoutePhase::Waiting);
+    assert!(row.phase.is_live(), "a waiting request can be cancelled");
+    assert_eq!((row.worker.as_ref(), row.attempt), (None, 0));
+
+    // It leaves the wait with no candidate: no-feasible-worker, no longer live.
+    let _ = router.handle(
+        Millis(200),
+        RouterInput::Release {
+            request: "held-1".into(),
+            candidates: Vec::new(),
+        },
+    );
+    feed(&mut model, 25_020, &router);
+    let row = model
+        .route(&"router".into(), &"held-1".into())
+        .expect("row");
+    assert_eq!(row.phase, RoutePhase::Failed);
+    assert!(!row.phase.is_live());
+    assert_eq!(row.record.waited_ms, 100);
+}

@@ -28,6 +28,12 @@
 //!   no timer for it) and on [`RouterInput::Tick`] (for an idle one); each collected
 //!   record emits a [`DecisionEventKind::Collected`] event. After collection the id is
 //!   unknown again: late messages are no-ops and a new submit is a new request.
+//! - Beyond the spec: a request the router node holds for KV pages
+//!   ([`RouterInput::Hold`], [`crate::router_node::waiting`]) has its record from the
+//!   moment it arrives, in [`Phase::Waiting`] — so operators see it, cancel it and find
+//!   it afterwards like any other — and its deadline runs while it waits.
+//!   [`RouterInput::Release`] ranks and offers it with the candidates of that moment;
+//!   its predictions count from then, and the record says how long it waited.
 
 mod error;
 mod record;
@@ -83,6 +89,8 @@ impl Default for RouterConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Phase {
+    /// Held by the router node until KV pages free; no attempt yet.
+    Waiting,
     Offered,
     Assigned,
     Completed,
@@ -97,6 +105,7 @@ impl Phase {
 
     pub fn as_str(self) -> &'static str {
         match self {
+            Phase::Waiting => "waiting",
             Phase::Offered => "offered",
             Phase::Assigned => "assigned",
             Phase::Completed => "completed",
@@ -104,10 +113,6 @@ impl Phase {
             Phase::Cancelled => "cancelled",
         }
     }
-}
-
-fn is_zero(v: &u64) -> bool {
-    *v == 0
 }
 
 /// Inputs to [`Router::handle`].
@@ -121,10 +126,22 @@ pub enum RouterInput {
         candidates: Vec<Candidate>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         deadline: Option<Millis>,
-        /// How long it waited for KV pages before this submit (the router node's
-        /// queue): its record counts from its arrival, `now - waited_ms`.
-        #[serde(default, skip_serializing_if = "is_zero")]
-        waited_ms: u64,
+    },
+    /// A new request that no candidate can take until KV pages free (the router node's
+    /// queue, [`crate::router_node::waiting`]): its record is kept in phase
+    /// [`Phase::Waiting`] with these candidates, its deadline runs, and a cancel or the
+    /// deadline ends it; nothing is offered until [`RouterInput::Release`].
+    Hold {
+        request: Arc<GenerationRequest>,
+        candidates: Vec<Candidate>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        deadline: Option<Millis>,
+    },
+    /// A waiting request leaves the queue with its candidates now: it is ranked and
+    /// offered as a submit is (and fails with no-feasible-worker if none can take it).
+    Release {
+        request: RequestId,
+        candidates: Vec<Candidate>,
     },
     /// The client cancelled the request.
     Cancel { request: RequestId },
@@ -167,7 +184,6 @@ impl RouterInput {
             request: request.into(),
             candidates,
             deadline: None,
-            waited_ms: 0,
         }
     }
 }
@@ -257,6 +273,8 @@ impl Delivery {
 /// Requests held, by phase, plus the number collected so far.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct RouterCounts {
+    #[serde(default)]
+    pub waiting: u64,
     pub offered: u64,
     pub assigned: u64,
     pub completed: u64,
@@ -272,6 +290,7 @@ impl RouterCounts {
 
     fn slot(&mut self, phase: Phase) -> &mut u64 {
         match phase {
+            Phase::Waiting => &mut self.waiting,
             Phase::Offered => &mut self.offered,
             Phase::Assigned => &mut self.assigned,
             Phase::Completed => &mut self.completed,
@@ -318,8 +337,16 @@ impl Router {
                 request,
                 candidates,
                 deadline,
-                waited_ms,
-            } => self.on_submit(now, request, candidates, deadline, waited_ms, &mut out),
+            } => self.on_submit(now, request, candidates, deadline, &mut out),
+            RouterInput::Hold {
+                request,
+                candidates,
+                deadline,
+            } => self.on_hold(now, request, candidates, deadline, &mut out),
+            RouterInput::Release {
+                request,
+                candidates,
+            } => self.on_release(now, &request, candidates, &mut out),
             RouterInput::Cancel { request } => self.on_cancel(now, &request, &mut out),
             RouterInput::OfferResult {
                 assignment,

@@ -54,11 +54,112 @@ impl Router {
         request: Arc<GenerationRequest>,
         candidates: Vec<Candidate>,
         deadline: Option<Millis>,
-        waited_ms: u64,
         out: &mut Out,
     ) {
+        let Some(mut e) = self.admit(now, request, candidates, deadline, out) else {
+            return;
+        };
+        let deadline = e.record.deadline;
+        if deadline <= now {
+            let error = RouterError::DeadlineExceeded { deadline };
+            finish(
+                &self.config,
+                &mut self.index,
+                &mut e,
+                now,
+                Terminal::Failed(error),
+                out,
+            );
+        } else {
+            out.push(deadline_timer(&e));
+            offer_next(&self.config, &mut self.index, &mut e, now, out);
+        }
+        self.requests.insert(e.request.id.clone(), e);
+    }
+
+    /// A request that waits for KV pages: its record, its deadline timer, no offer.
+    pub(super) fn on_hold(
+        &mut self,
+        now: Millis,
+        request: Arc<GenerationRequest>,
+        candidates: Vec<Candidate>,
+        deadline: Option<Millis>,
+        out: &mut Out,
+    ) {
+        let Some(mut e) = self.admit(now, request, candidates, deadline, out) else {
+            return;
+        };
+        let deadline = e.record.deadline;
+        if deadline <= now {
+            let error = RouterError::DeadlineExceeded { deadline };
+            finish(
+                &self.config,
+                &mut self.index,
+                &mut e,
+                now,
+                Terminal::Failed(error),
+                out,
+            );
+        } else {
+            set_phase(&mut self.index, &mut e, Phase::Waiting);
+            out.push(deadline_timer(&e));
+            decision(out, &e.request.id, now, DecisionEventKind::Waiting);
+        }
+        self.requests.insert(e.request.id.clone(), e);
+    }
+
+    /// A waiting request leaves the queue: its candidates are this moment's, and it is
+    /// offered as a new submit is. Anything but a waiting request is ignored.
+    pub(super) fn on_release(
+        &mut self,
+        now: Millis,
+        request: &RequestId,
+        candidates: Vec<Candidate>,
+        out: &mut Out,
+    ) {
+        let Router {
+            config,
+            requests,
+            index,
+        } = self;
+        let Some(e) = requests.get_mut(request) else {
+            return;
+        };
+        if e.phase != Phase::Waiting {
+            return;
+        }
+        let snapshot = CandidateSnapshot::score(&e.request, candidates);
+        let waited_ms = now.since(e.record.submitted_at);
+        decision(
+            out,
+            request,
+            now,
+            DecisionEventKind::Released {
+                waited_ms,
+                feasible: snapshot.feasible_count() as u32,
+                infeasible: (snapshot.len() - snapshot.feasible_count()) as u32,
+            },
+        );
+        e.record.candidates = snapshot;
+        e.record.waited_ms = waited_ms;
+        // `offered` stays 0, so the first offer is the new snapshot's best; the phase
+        // moves on there (or to failed when nothing can take it).
+        set_phase(index, e, Phase::Offered);
+        offer_next(config, index, e, now, out);
+    }
+
+    /// The record of a new request (`None`: a duplicate, ignored), counted as offered
+    /// until its first transition; the caller inserts it.
+    fn admit(
+        &mut self,
+        now: Millis,
+        request: Arc<GenerationRequest>,
+        candidates: Vec<Candidate>,
+        deadline: Option<Millis>,
+        out: &mut Out,
+    ) -> Option<Entry> {
         if self.requests.contains_key(&request.id) {
-            return; // duplicate submit: ignored
+            return None; // duplicate submit: ignored
         }
         let snapshot = CandidateSnapshot::score(&request, candidates);
         let deadline = deadline.unwrap_or(now + self.config.default_deadline_ms);
@@ -74,13 +175,13 @@ impl Router {
             },
         );
         let record = DecisionRecord {
-            request: id.clone(),
+            request: id,
             model: request.model.clone(),
             processed_tokens: request.processed(),
             max_new_tokens: request.max_new_tokens,
-            submitted_at: Millis(now.0.saturating_sub(waited_ms)),
+            submitted_at: now,
             deadline,
-            waited_ms,
+            waited_ms: 0,
             candidates: snapshot,
             candidates_omitted: 0,
             attempts: Vec::new(),
@@ -92,10 +193,11 @@ impl Router {
             actual_cached_tokens: None,
             worker_timings: None,
         };
-        let mut e = Entry {
+        self.index.counts.offered += 1;
+        Some(Entry {
             request,
             // `received` is transient: the entry is counted as offered until the first
-            // offer-next below moves it on.
+            // offer-next (or the hold) moves it on.
             phase: Phase::Offered,
             attempt: 0,
             assignment: None,
@@ -106,26 +208,7 @@ impl Router {
             excluded: Default::default(),
             delivered: 0,
             record,
-        };
-        self.index.counts.offered += 1;
-        if deadline <= now {
-            let error = RouterError::DeadlineExceeded { deadline };
-            finish(
-                &self.config,
-                &mut self.index,
-                &mut e,
-                now,
-                Terminal::Failed(error),
-                out,
-            );
-        } else {
-            out.push(local(LocalRouterEffect::SetDeadlineTimer {
-                request: id.clone(),
-                at: deadline,
-            }));
-            offer_next(&self.config, &mut self.index, &mut e, now, out);
-        }
-        self.requests.insert(id, e);
+        })
     }
 
     pub(super) fn on_cancel(&mut self, now: Millis, request: &RequestId, out: &mut Out) {
@@ -508,6 +591,10 @@ fn finish(
             DeliveryKind::Cancelled,
         ),
     };
+    if e.phase == Phase::Waiting {
+        // It ended still waiting for pages (cancelled, or its deadline passed).
+        e.record.waited_ms = now.since(e.record.submitted_at);
+    }
     set_phase(idx, e, phase);
     let id = e.request.id.clone();
     if phase == Phase::Completed && e.record.measured_ttft_ms.is_none() {
@@ -561,6 +648,13 @@ fn compact_candidates(cfg: &RouterConfig, e: &mut Entry) {
     e.current = e.current.and_then(|i| map.get(i).copied().flatten());
     e.order.clear();
     e.cursor = 0;
+}
+
+fn deadline_timer(e: &Entry) -> RouterEffect {
+    local(LocalRouterEffect::SetDeadlineTimer {
+        request: e.request.id.clone(),
+        at: e.record.deadline,
+    })
 }
 
 fn set_phase(idx: &mut Index, e: &mut Entry, phase: Phase) {

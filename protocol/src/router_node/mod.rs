@@ -28,8 +28,7 @@ use crate::discovery::{
 use crate::ids::{AssignmentId, HeartbeatVersion, NodeId, RequestId, WorkerId};
 use crate::request::GenerationRequest;
 use crate::router::{
-    Delivery, DeliveryKind, LocalRouterEffect, Router, RouterConfig, RouterEffect, RouterError,
-    RouterInput,
+    Delivery, DeliveryKind, LocalRouterEffect, Router, RouterConfig, RouterEffect, RouterInput,
 };
 use crate::time::Millis;
 use crate::wire::{OutboundToWorker, RouterMessage, ToRouter, WorkerMessage};
@@ -294,12 +293,7 @@ impl RouterNode {
                 pin,
             } => self.submit(now, request, deadline, pin, out),
             NodeInput::Cancel { request } => {
-                if self.waiting.remove(&request).is_some() {
-                    self.rescan = true; // the next oldest may reserve a worker now
-                    self.end_waiting(request, DeliveryKind::Cancelled, out);
-                } else {
-                    self.pending.push_back(RouterInput::Cancel { request });
-                }
+                self.pending.push_back(RouterInput::Cancel { request })
             }
             NodeInput::Connected { conn, worker, node } => {
                 self.peers.insert(conn, Peer { worker, node });
@@ -343,7 +337,7 @@ impl RouterNode {
         pin: Pin,
         out: &mut Vec<NodeEffect>,
     ) {
-        if self.router.record(&request.id).is_some() || self.waiting.contains(&request.id) {
+        if self.router.record(&request.id).is_some() {
             return; // a duplicate submit is ignored (spec §2.4)
         }
         self.live.insert(request.id.clone(), Arc::clone(&request));
@@ -360,7 +354,6 @@ impl RouterNode {
             request,
             candidates: usable,
             deadline,
-            waited_ms: 0,
         });
     }
 
@@ -508,21 +501,11 @@ impl RouterNode {
                 self.pending
                     .push_back(RouterInput::OfferTimeout { assignment });
             }
-            Timer::Deadline(request) => {
-                let waited = self.waiting.iter().find(|p| p.request.id == request);
-                match waited.map(|p| p.deadline) {
-                    Some(deadline) if now >= deadline => {
-                        let _ = self.waiting.remove(&request);
-                        self.rescan = true;
-                        let error = RouterError::DeadlineExceeded { deadline };
-                        self.end_waiting(request, DeliveryKind::Error { error }, out);
-                    }
-                    Some(_) => {} // early: the deadline is still ahead
-                    None => self
-                        .pending
-                        .push_back(RouterInput::DeadlineExpired { request }),
-                }
-            }
+            // A waiting request's deadline too: the router machine holds its record,
+            // and its terminal delivery takes it out of the queue (`delivered`).
+            Timer::Deadline(request) => self
+                .pending
+                .push_back(RouterInput::DeadlineExpired { request }),
             Timer::Expiry {
                 worker,
                 connection,
@@ -602,10 +585,14 @@ impl RouterNode {
     }
 
     /// Bookkeeping of a delivery: a completed route is guessed resident on its worker;
-    /// a terminal one ends the request's offered work.
+    /// a terminal one ends the request's offered work, or its wait for pages (cancelled
+    /// or past its deadline while waiting: the next oldest may reserve a worker now).
     fn delivered(&mut self, d: &Delivery) {
         if !d.is_terminal() {
             return;
+        }
+        if self.waiting.remove(&d.request).is_some() {
+            self.rescan = true;
         }
         let request = self.live.remove(&d.request);
         if matches!(d.kind, DeliveryKind::Completed { .. })

@@ -9,6 +9,7 @@ use crate::capacity::DeclineReason;
 use crate::decision::DecisionEventKind;
 use crate::ids::Epoch;
 use crate::observation::Observation;
+use crate::router::{Phase, RouterError};
 use crate::wire::{Heartbeat, OfferResult, ResultMessage, TokenDelta, WorkerResult};
 
 const MODEL: &str = "test/model";
@@ -440,13 +441,42 @@ fn a_request_short_of_pages_waits_and_is_offered_when_a_heartbeat_shows_room() {
         NodeEffect::SetTimer { timer: Timer::Deadline(r), at } if r.as_str() == "r1" && at.0 == 60_005
     )));
     assert_eq!(n.waiting().len(), 1);
+    // It has a record from its arrival, waiting, with the candidate that lacked pages.
+    let id: RequestId = "r1".into();
+    assert_eq!(n.router().phase(&id), Some(Phase::Waiting));
+    assert_eq!(n.router().counts().waiting, 1);
+    let record = n
+        .router()
+        .record(&id)
+        .expect("a waiting request has a record");
+    assert!(record.is_waiting());
+    assert_eq!(record.submitted_at, Millis(5));
+    assert_eq!(record.candidates.feasible_count(), 0);
+    assert_eq!(record.candidates.len(), 1);
     // Not yet room: it stays.
     let e = heartbeat(&mut n, 10, 1, pool("a", 2, 100, 20));
     assert!(offers(&e).is_empty());
     let e = heartbeat(&mut n, 30, 1, pool("a", 3, 100, 21));
     assert_eq!(offers(&e), [(1, "a".to_owned(), 1, Tier::None)]);
     assert!(counts(&e).contains(&&Count::Admitted { waited_ms: 25 }));
+    assert!(e.iter().any(|x| matches!(
+        x,
+        NodeEffect::Decision(DecisionEvent {
+            kind: DecisionEventKind::Released {
+                waited_ms: 25,
+                feasible: 1,
+                infeasible: 0
+            },
+            ..
+        })
+    )));
     assert!(n.waiting().is_empty());
+    let record = n.router().record(&id).expect("record");
+    assert!(!record.is_waiting());
+    assert_eq!((record.submitted_at, record.waited_ms), (Millis(5), 25));
+    assert_eq!(record.candidates.feasible_count(), 1);
+    assert_eq!(n.router().phase(&id), Some(Phase::Offered));
+    assert_eq!(n.router().counts().waiting, 0);
 }
 
 #[test]
@@ -553,6 +583,12 @@ fn a_waiting_request_ends_at_its_deadline_or_its_cancel_and_a_full_queue_refuses
         [Delivery { kind: DeliveryKind::Error { error: RouterError::DeadlineExceeded { deadline } }, .. }]
             if deadline.0 == 500
     ));
+    // Its record stays, failed, with nothing attempted (operators find it afterwards).
+    let record = n.router().record(&"r1".into()).expect("record kept");
+    assert!(record.attempts.is_empty() && !record.is_waiting());
+    assert_eq!(record.finished_at, Some(Millis(500)));
+    assert_eq!(record.waited_ms, 499);
+    assert_eq!(n.router().phase(&"r1".into()), Some(Phase::Failed));
     let e = n.handle(
         Millis(600),
         NodeInput::Cancel {
@@ -566,7 +602,9 @@ fn a_waiting_request_ends_at_its_deadline_or_its_cancel_and_a_full_queue_refuses
             ..
         }]
     ));
+    assert_eq!(n.router().phase(&"r2".into()), Some(Phase::Cancelled));
     assert!(n.waiting().is_empty());
+    assert_eq!(n.router().counts().waiting, 0);
     // Room later offers nothing: both ended.
     let e = heartbeat(&mut n, 700, 1, pool("a", 2, 100, 100));
     assert!(offers(&e).is_empty());

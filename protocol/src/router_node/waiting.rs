@@ -25,6 +25,10 @@
 //! - Bounded: at most `capacity` requests wait (beyond that the spec's immediate
 //!   `no-feasible-worker`, so a client sees back-pressure); each waits until its deadline
 //!   at most, and a cancel removes it at once. `capacity` 0 is the spec's behaviour.
+//! - Visible: the router machine keeps a waiting request's record from its arrival
+//!   ([`RouterInput::Hold`], phase waiting) and ends it at its deadline or cancel as any
+//!   other's; the queue keeps only the order, and [`RouterInput::Release`] hands the
+//!   request back to the machine when it leaves.
 //! - A worker that does not report its pool's size (`pool.total_pages` 0) is never
 //!   waited for: the node cannot tell whether the request would ever fit there.
 
@@ -37,14 +41,13 @@ use crate::ids::{RequestId, WorkerId};
 use crate::request::GenerationRequest;
 use crate::time::Millis;
 
-use super::{Count, Delivery, DeliveryKind, NodeEffect, Pin, RouterNode, Timer, TimerKey};
+use super::{Count, NodeEffect, Pin, RouterNode};
 use crate::router::RouterInput;
 
 /// A request waiting for pages.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Parked {
     pub request: Arc<GenerationRequest>,
-    pub deadline: Millis,
     pub pin: Pin,
     pub since: Millis,
     /// The fewest pages it needed on a worker that could hold it, when last examined: a
@@ -104,8 +107,8 @@ impl Waiting {
         self.entries.iter()
     }
 
-    /// Takes `request` out of the queue (cancelled, or its deadline passed); the oldest
-    /// takes its reservation with it.
+    /// Takes `request` out of the queue (it ended while waiting: cancelled, or its
+    /// deadline passed); the oldest takes its reservation with it.
     pub fn remove(&mut self, request: &RequestId) -> Option<Parked> {
         let i = self.entries.iter().position(|p| &p.request.id == request)?;
         if i == 0 {
@@ -205,14 +208,15 @@ impl RouterNode {
         }
         self.waiting.entries.push_back(Parked {
             request: Arc::clone(request),
-            deadline,
             pin: pin.clone(),
             since: now,
             needed_pages,
         });
-        out.push(NodeEffect::SetTimer {
-            timer: Timer::Deadline(request.id.clone()),
-            at: deadline,
+        // The router machine keeps its record (phase waiting) and runs its deadline.
+        self.pending.push_back(RouterInput::Hold {
+            request: Arc::clone(request),
+            candidates: usable.iter().chain(held).cloned().collect(),
+            deadline: Some(deadline),
         });
         out.push(NodeEffect::Count(Count::Parked));
         // It was examined against every worker's room now; the older ones were not, so
@@ -274,11 +278,10 @@ impl RouterNode {
             if feasible {
                 out.push(NodeEffect::Count(Count::Admitted { waited_ms }));
             }
-            self.pending.push_back(RouterInput::Submit {
-                request: p.request,
+            // One that can no longer be served fails there with no-feasible-worker.
+            self.pending.push_back(RouterInput::Release {
+                request: p.request.id.clone(),
                 candidates,
-                deadline: Some(p.deadline),
-                waited_ms,
             });
             self.drain(now, out);
         }
@@ -316,18 +319,5 @@ impl RouterNode {
             let mark = marks.entry(worker).or_insert(room);
             *mark = (*mark).min(room);
         }
-    }
-
-    /// A waiting request ends without reaching the router machine.
-    pub(super) fn end_waiting(
-        &mut self,
-        request: RequestId,
-        kind: DeliveryKind,
-        out: &mut Vec<NodeEffect>,
-    ) {
-        out.push(NodeEffect::CancelTimer(TimerKey::Deadline(request.clone())));
-        let d = Delivery { request, kind };
-        self.delivered(&d);
-        out.push(NodeEffect::Deliver(d));
     }
 }

@@ -191,7 +191,6 @@ impl Simulation {
             request: Arc::new(request),
             candidates,
             deadline: None,
-            waited_ms: 0,
         });
     }
 
@@ -206,7 +205,6 @@ impl Simulation {
             request: Arc::new(request),
             candidates,
             deadline: Some(deadline),
-            waited_ms: 0,
         });
     }
 

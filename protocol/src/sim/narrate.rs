@@ -87,6 +87,14 @@ fn decision_line(out: &mut String, sim: &Simulation, d: &DecisionEvent) {
         } => format!(
             "attempt {attempt}: offer → {worker} ({tier}, {cached_tokens} cached, predicted TTFT {predicted_ttft_ms:.1} ms)"
         ),
+        DecisionEventKind::Waiting => "waiting for KV pages".to_owned(),
+        DecisionEventKind::Released {
+            waited_ms,
+            feasible,
+            infeasible,
+        } => format!(
+            "left the wait for pages after {waited_ms} ms; {feasible} feasible candidate(s), {infeasible} infeasible"
+        ),
         DecisionEventKind::Accepted { attempt } => format!("attempt {attempt}: accepted"),
         DecisionEventKind::AttemptEnded { attempt, outcome } => {
             format!("attempt {attempt}: {outcome}")

@@ -122,7 +122,6 @@ fn deadline_expiry_fails_with_deadline_exceeded_and_cancels_the_worker() {
             request: Arc::new(router_request("r")),
             candidates: vec![router_cand("w", Tier::None, 0)],
             deadline: Some(Millis(500)),
-            waited_ms: 0,
         },
     );
     assert!(
@@ -170,7 +169,6 @@ fn default_deadline_applies_and_a_past_deadline_fails_at_once() {
             request: Arc::new(router_request("late")),
             candidates: vec![router_cand("w", Tier::None, 0)],
             deadline: Some(Millis(20)),
-            waited_ms: 0,
         },
     );
     assert!(sends(&effects).is_empty());
@@ -365,7 +363,6 @@ fn offers_follow_ttft_plus_imposed_delay() {
             request: Arc::new(router_request("r")),
             candidates: vec![fast.clone(), calm.clone()],
             deadline: None,
-            waited_ms: 0,
         },
     );
     assert_eq!(sends(&effects), [("offer", "calm".to_owned(), 1)]);
@@ -388,7 +385,6 @@ fn offers_follow_ttft_plus_imposed_delay() {
                 calm,
             ],
             deadline: None,
-            waited_ms: 0,
         },
     );
     assert_eq!(sends(&effects), [("offer", "fast".to_owned(), 1)]);

@@ -473,3 +473,88 @@ async fn evict_resident(router: &Router, worker: &Worker, id: &str) {
     )
     .await;
 }
+
+/// A request no worker has the KV pages for right now waits in the router, and while it
+/// waits it is a request like any other: its decision record is there (no attempt yet),
+/// the waiting gauge counts it, and a cancel ends it at once (it was a 404 before the
+/// router kept records of waiting requests). One worker of 256 pages × 16 tokens; "hog"
+/// holds 250 of them for ~20 s of slow decode steps, so "held" (32 pages) must wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_a_request_waiting_for_pages_has_a_record_and_can_be_cancelled() {
+    let router = start_router(None, &[]);
+    let _w = start_worker(&router, "w-a", false, &["--decode-ms-per-token", "20"]);
+    router.wait_workers(&["w-a"]).await;
+
+    let mut hog = router.stream(body("hog", &prompt(5, 3000), 1000)).await;
+    assert_eq!(hog.next_line().await.unwrap()["type"], "delta");
+    // The heartbeat that shows the hog's pages taken (the router also counts them as
+    // offered until then).
+    wait_for(
+        "the hog's pages to show",
+        Duration::from_secs(10),
+        || async {
+            let obs = router.observation("w-a").await?;
+            (obs["free_pages"].as_u64()? < 32).then_some(())
+        },
+    )
+    .await;
+
+    let held = {
+        let url = router.url.clone();
+        tokio::spawn(async move {
+            let client = den_tests::agents::client();
+            client
+                .post(format!("{url}/v1/generate"))
+                .json(&body("held", &prompt(6, 500), 8))
+                .send()
+                .await
+                .expect("POST held")
+                .text()
+                .await
+                .expect("held body")
+        })
+    };
+    let record = wait_for("held to be recorded", Duration::from_secs(10), || async {
+        let r = router.record("held").await;
+        (r["request"] == "held").then_some(r)
+    })
+    .await;
+    assert_eq!(
+        record["attempts"].as_array().map(Vec::len),
+        Some(0),
+        "{record}"
+    );
+    assert!(record.get("outcome").is_none(), "still waiting: {record}");
+    let candidate = &record["candidates"][0];
+    assert_eq!(
+        candidate["estimate"]["infeasible"], "insufficient-pages",
+        "{record}"
+    );
+    wait_for("the waiting gauge", Duration::from_secs(10), || async {
+        let m = router.metrics().await;
+        (metric(&m, "den_router_requests", &[("phase", "waiting")]) == 1.0).then_some(())
+    })
+    .await;
+
+    let resp = router.post("/v1/requests/held/cancel").await;
+    assert_eq!(resp.status(), 202);
+    let lines = tokio::time::timeout(Duration::from_secs(10), held)
+        .await
+        .expect("held ends at its cancel")
+        .expect("held task");
+    let last: serde_json::Value = serde_json::from_str(lines.lines().last().unwrap_or(""))
+        .unwrap_or_else(|e| panic!("held's last line is not JSON ({e}): {lines}"));
+    assert_eq!(last["type"], "cancelled", "{lines}");
+    let record = router.record("held").await;
+    assert_eq!(record["outcome"]["kind"], "cancelled", "{record}");
+    assert_eq!(
+        record["attempts"].as_array().map(Vec::len),
+        Some(0),
+        "{record}"
+    );
+    assert!(record["waited_ms"].as_u64().unwrap_or(0) > 0, "{record}");
+
+    assert_eq!(router.post("/v1/requests/hog/cancel").await.status(), 202);
+    while hog.next_line().await.is_some() {}
+    assert_eq!(hog.finish().kind(), "cancelled");
+}

@@ -256,7 +256,10 @@ impl RouterActor {
         let Some((deadline, _)) = &self.shutdown else {
             return false;
         };
-        if self.node.router().counts().in_flight() == 0 {
+        // Requests waiting for pages count too: they are accepted work (the drain serves
+        // them as pages free, or cancels them at its deadline, never drops them).
+        let unfinished = |c: den_protocol::router::RouterCounts| c.in_flight() + c.waiting;
+        if unfinished(self.node.router().counts()) == 0 {
             return true;
         }
         if Instant::now() >= *deadline && !self.cancelled_for_shutdown {
@@ -270,7 +273,7 @@ impl RouterActor {
                 self.drive(NodeInput::Cancel { request });
             }
             self.flush_feed();
-            return self.node.router().counts().in_flight() == 0;
+            return unfinished(self.node.router().counts()) == 0;
         }
         false
     }

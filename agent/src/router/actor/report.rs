@@ -73,7 +73,10 @@ impl RouterActor {
                 let _ = self.shared.feed.send(Arc::from(encode_feed(&frame)));
                 return;
             }
-            DecisionEventKind::Accepted { .. } => {}
+            // The Parked / Admitted counts carry these; the feed shows the record.
+            DecisionEventKind::Accepted { .. }
+            | DecisionEventKind::Waiting
+            | DecisionEventKind::Released { .. } => {}
         }
         self.dirty.insert(e.request);
     }
@@ -176,7 +179,7 @@ impl RouterActor {
             ("completed", c.completed),
             ("failed", c.failed),
             ("cancelled", c.cancelled),
-            ("waiting", self.node.waiting().len() as u64),
+            ("waiting", c.waiting),
         ] {
             m.gauge_set(
                 "den_router_requests",

@@ -255,6 +255,8 @@ fn route_level(r: &RouteRow) -> Level {
         RoutePhase::Cancelled => Level::Info,
         RoutePhase::Completed if r.setbacks.is_empty() => Level::Good,
         RoutePhase::Completed => Level::Info,
+        // Short of KV pages everywhere: the fleet is at capacity for it.
+        RoutePhase::Waiting => Level::Warn,
         RoutePhase::Offered | RoutePhase::Running if !r.setbacks.is_empty() => Level::Warn,
         RoutePhase::Offered | RoutePhase::Running => Level::Info,
     }
@@ -381,6 +383,10 @@ const ROUTE_COLUMNS: &[Column<RouteRow>] = &[
         priority: 1,
         sort: Some(|r| SortKey::num(r.setbacks.len() as f64)),
         cell: |r, c| match (&r.error, r.setbacks.is_empty()) {
+            _ if r.phase == RoutePhase::Waiting => text(
+                "waiting for KV pages".to_owned(),
+                c.theme.level(Level::Warn),
+            ),
             (Some(e), _) => text(e.clone(), c.theme.level(Level::Bad)),
             (None, true) => text(String::new(), c.theme.base()),
             (None, false) => text(r.setbacks.join("; "), c.theme.level(Level::Warn)),
