@@ -109,11 +109,13 @@ fn opt_ms(v: Option<u64>) -> String {
 
 fn route_lines(r: &DecisionRecord, theme: &Theme) -> Vec<Line<'static>> {
     let mut lines = Vec::new();
-    let outcome = r
-        .outcome
-        .as_ref()
-        .map_or_else(|| "in flight".to_owned(), ToString::to_string);
+    let outcome = match &r.outcome {
+        Some(o) => o.to_string(),
+        None if r.is_waiting() => "waiting in the router for KV pages".to_owned(),
+        None => "in flight".to_owned(),
+    };
     let outcome_level = match &r.outcome {
+        None if r.is_waiting() => Level::Warn,
         None => Level::Info,
         Some(den_protocol::decision::TerminalOutcome::Completed) => Level::Good,
         Some(den_protocol::decision::TerminalOutcome::Cancelled) => Level::Info,
@@ -131,6 +133,14 @@ fn route_lines(r: &DecisionRecord, theme: &Theme) -> Vec<Line<'static>> {
         Span::styled(outcome, theme.level(outcome_level).bg(theme.overlay.bg)),
         Span::styled(
             format!("   delivered {} tokens", r.delivered_tokens),
+            theme.overlay(),
+        ),
+        Span::styled(
+            if r.waited_ms > 0 {
+                format!("   waited {} for KV pages", ms(r.waited_ms as f64))
+            } else {
+                String::new()
+            },
             theme.overlay(),
         ),
     ]));

@@ -246,3 +246,55 @@ fn a_frozen_source_is_silent_then_down_since_its_last_answer() {
     let down = header(&events, 12_000);
     assert!(down.contains("✗ skulk down 11s"), "{down}");
 }
+
+/// A request the router holds for KV pages: a `waiting` row (warn) in the Routes panel,
+/// and its detail says so, with the candidate that lacked pages. The record is made by
+/// den's router machine, from candidates den's candidate builder makes.
+#[test]
+fn a_waiting_route_and_its_detail() {
+    use std::sync::Arc;
+
+    use den_protocol::candidate_generation::candidates_for;
+    use den_protocol::chunk_catalog::ChunkCatalog;
+    use den_protocol::feed::FeedMessage;
+    use den_protocol::request::GenerationRequest;
+    use den_protocol::router::{Router, RouterInput};
+    use den_protocol::session::{SessionEvent, Stamped};
+
+    let mut full = fixtures::observation("gpu-b", fixtures::BRAVO, 4096, 99, 30);
+    (full.free_pages, full.evictable_pages) = (10, 0);
+    let request = GenerationRequest::new("held-1", fixtures::SIM_MODEL, (0..2000).collect(), 64)
+        .expect("request");
+    let candidates = candidates_for(&request, 64, [&full], &ChunkCatalog::default());
+    let mut router = Router::default();
+    let _ = router.handle(
+        Millis(24_000),
+        RouterInput::Hold {
+            request: Arc::new(request),
+            candidates,
+            deadline: None,
+        },
+    );
+    let record = router.record(&"held-1".into()).expect("record").clone();
+    let mut events = fixtures::scenario().expect("fixture scenario");
+    events.push(Stamped::new(
+        Millis(24_000),
+        SessionEvent::Feed {
+            source: "router".into(),
+            message: FeedMessage::Route {
+                at: Millis(24_000),
+                record: Box::new(record),
+            },
+        },
+    ));
+    let model = model_of(&events);
+    let mut app = App::focused(Panel::Routes);
+    let mut actions = vec![Action::StartFilter];
+    actions.extend(typed("held-1"));
+    actions.push(Action::Submit);
+    act(&mut app, &model, actions);
+    let row = frame(&mut app, &model, "dark", SCENARIO_NOW, 120, 40);
+    assert!(row.contains("waiting for KV pages"), "{row}");
+    act(&mut app, &model, [Action::Enter]);
+    insta::assert_snapshot!(frame(&mut app, &model, "dark", SCENARIO_NOW, 120, 40));
+}
