@@ -337,12 +337,12 @@ impl Router {
                 request,
                 candidates,
                 deadline,
-            } => self.on_submit(now, request, candidates, deadline, &mut out),
+            } => self.on_new(now, request, candidates, deadline, false, &mut out),
             RouterInput::Hold {
                 request,
                 candidates,
                 deadline,
-            } => self.on_hold(now, request, candidates, deadline, &mut out),
+            } => self.on_new(now, request, candidates, deadline, true, &mut out),
             RouterInput::Release {
                 request,
                 candidates,

@@ -48,12 +48,15 @@ impl Router {
         }
     }
 
-    pub(super) fn on_submit(
+    /// A new request: offered at once, or (`hold`) kept waiting for KV pages — its
+    /// record and deadline timer, no offer, until `RouterInput::Release`.
+    pub(super) fn on_new(
         &mut self,
         now: Millis,
         request: Arc<GenerationRequest>,
         candidates: Vec<Candidate>,
         deadline: Option<Millis>,
+        hold: bool,
         out: &mut Out,
     ) {
         let Some(mut e) = self.admit(now, request, candidates, deadline, out) else {
@@ -72,38 +75,12 @@ impl Router {
             );
         } else {
             out.push(deadline_timer(&e));
-            offer_next(&self.config, &mut self.index, &mut e, now, out);
-        }
-        self.requests.insert(e.request.id.clone(), e);
-    }
-
-    /// A request that waits for KV pages: its record, its deadline timer, no offer.
-    pub(super) fn on_hold(
-        &mut self,
-        now: Millis,
-        request: Arc<GenerationRequest>,
-        candidates: Vec<Candidate>,
-        deadline: Option<Millis>,
-        out: &mut Out,
-    ) {
-        let Some(mut e) = self.admit(now, request, candidates, deadline, out) else {
-            return;
-        };
-        let deadline = e.record.deadline;
-        if deadline <= now {
-            let error = RouterError::DeadlineExceeded { deadline };
-            finish(
-                &self.config,
-                &mut self.index,
-                &mut e,
-                now,
-                Terminal::Failed(error),
-                out,
-            );
-        } else {
-            set_phase(&mut self.index, &mut e, Phase::Waiting);
-            out.push(deadline_timer(&e));
-            decision(out, &e.request.id, now, DecisionEventKind::Waiting);
+            if hold {
+                set_phase(&mut self.index, &mut e, Phase::Waiting);
+                decision(out, &e.request.id, now, DecisionEventKind::Waiting);
+            } else {
+                offer_next(&self.config, &mut self.index, &mut e, now, out);
+            }
         }
         self.requests.insert(e.request.id.clone(), e);
     }
