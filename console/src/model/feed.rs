@@ -181,6 +181,7 @@ impl Model {
             let new_setbacks: Vec<String> =
                 row.setbacks.iter().skip(old_setbacks).cloned().collect();
             let was_terminal = old.is_some_and(|r| !r.phase.is_live());
+            let was_waiting = old.is_some_and(|r| r.phase == RoutePhase::Waiting);
             let id = short(record.request.as_str()).to_owned();
             for setback in new_setbacks {
                 self.log_line(
@@ -188,6 +189,22 @@ impl Model {
                     Some(source),
                     Level::Warn,
                     format!("route {id}: {setback}"),
+                );
+            }
+            if row.phase == RoutePhase::Waiting && !was_waiting {
+                self.log_line(
+                    at,
+                    Some(source),
+                    Level::Warn,
+                    format!("route {id} waits for KV pages: no worker has room for it now"),
+                );
+            } else if was_waiting && record.waited_ms > 0 {
+                let waited = format!("{:.1} s", record.waited_ms as f64 / 1000.0);
+                self.log_line(
+                    at,
+                    Some(source),
+                    Level::Info,
+                    format!("route {id} waited {waited} for KV pages"),
                 );
             }
             if !was_terminal {

@@ -768,4 +768,15 @@ fn a_request_waiting_for_pages_is_a_live_route_until_it_leaves_the_wait() {
     assert_eq!(row.phase, RoutePhase::Failed);
     assert!(!row.phase.is_live());
     assert_eq!(row.record.waited_ms, 100);
+    // The Events panel tells the story: it waited, how long, and how it ended.
+    let lines: Vec<&str> = model
+        .events()
+        .iter()
+        .map(|e| e.text.as_str())
+        .filter(|t| t.contains("held-1"))
+        .collect();
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    assert!(lines[0].contains("waits for KV pages"), "{lines:?}");
+    assert!(lines[1].contains("waited 0.1 s for KV pages"), "{lines:?}");
+    assert!(lines[2].contains("failed: no feasible worker"), "{lines:?}");
 }
