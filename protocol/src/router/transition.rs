@@ -76,6 +76,9 @@ impl Router {
         } else {
             out.push(deadline_timer(&e));
             if hold {
+                // Up to `max_waiting` records wait, each ranked again when it leaves:
+                // keep what a finished record keeps, not every worker's candidates.
+                compact_candidates(&self.config, &mut e);
                 set_phase(&mut self.index, &mut e, Phase::Waiting);
                 decision(out, &e.request.id, now, DecisionEventKind::Waiting);
             } else {
@@ -118,6 +121,7 @@ impl Router {
             },
         );
         e.record.candidates = snapshot;
+        e.record.candidates_omitted = 0;
         e.record.waited_ms = waited_ms;
         // `offered` stays 0, so the first offer is the new snapshot's best; the phase
         // moves on there (or to failed when nothing can take it).

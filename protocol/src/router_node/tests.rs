@@ -792,3 +792,28 @@ fn room_freed_without_a_heartbeat_still_lets_the_waiting_in() {
     assert_eq!(offers(&e).len(), 2, "{e:?}");
     assert!(n.waiting().is_empty());
 }
+
+/// A waiting record keeps what a finished one keeps (the router's `retained_candidates`
+/// best, 16), not every worker's candidate — up to `max_waiting` of them wait — and is
+/// ranked whole again when it leaves the queue.
+#[test]
+fn a_waiting_record_keeps_a_bounded_snapshot_until_it_leaves() {
+    let mut n = node();
+    for w in 0..20u64 {
+        let name = format!("w{w:02}");
+        connect(&mut n, w + 1, &name);
+        let _ = heartbeat(&mut n, 0, w + 1, pool(&name, 1, 100, 5));
+    }
+    assert!(parked(&submit(&mut n, 1, &needing("r1", 21), Pin::Any)));
+    let id: RequestId = "r1".into();
+    let record = n.router().record(&id).expect("record");
+    assert_eq!(record.candidates.len(), 16);
+    assert_eq!(record.candidates_omitted, 4);
+    let e = heartbeat(&mut n, 10, 8, pool("w07", 2, 100, 21));
+    assert_eq!(offers(&e), [(8, "w07".to_owned(), 1, Tier::None)]);
+    let record = n.router().record(&id).expect("record");
+    assert_eq!(
+        (record.candidates.len(), record.candidates_omitted),
+        (20, 0)
+    );
+}
