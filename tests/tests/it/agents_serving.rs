@@ -558,3 +558,58 @@ async fn agents_a_request_waiting_for_pages_has_a_record_and_can_be_cancelled() 
     while hog.next_line().await.is_some() {}
     assert_eq!(hog.finish().kind(), "cancelled");
 }
+
+/// A router that drains (SIGTERM) counts a request waiting for KV pages as accepted work:
+/// it keeps running until the pages free and the request is served, then exits. (It used
+/// to stop once nothing was offered or running, and the waiting request's stream ended
+/// with "the router ended the stream".)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_a_draining_router_serves_a_request_waiting_for_pages() {
+    let mut router = start_router(None, &["--drain-timeout", "30s"]);
+    let _w = start_worker(&router, "w-a", false, &["--decode-ms-per-token", "20"]);
+    router.wait_workers(&["w-a"]).await;
+
+    // "hog" holds 225 of the 256 pages for ~2 s of decode steps; "held" needs 38.
+    let mut hog = router.stream(body("hog", &prompt(7, 3500), 100)).await;
+    assert_eq!(hog.next_line().await.unwrap()["type"], "delta");
+    wait_for(
+        "the hog's pages to show",
+        Duration::from_secs(10),
+        || async {
+            let obs = router.observation("w-a").await?;
+            (obs["free_pages"].as_u64()? < 32).then_some(())
+        },
+    )
+    .await;
+    let held = {
+        let url = router.url.clone();
+        tokio::spawn(async move {
+            den_tests::agents::client()
+                .post(format!("{url}/v1/generate"))
+                .json(&body("held", &prompt(8, 600), 8))
+                .send()
+                .await
+                .expect("POST held")
+                .text()
+                .await
+                .expect("held body")
+        })
+    };
+    wait_for("held to wait", Duration::from_secs(10), || async {
+        let r = router.record("held").await;
+        (r["request"] == "held" && r["attempts"].as_array()?.is_empty()).then_some(())
+    })
+    .await;
+
+    router.proc.signal("TERM");
+    while hog.next_line().await.is_some() {}
+    assert_eq!(hog.finish().kind(), "completed");
+    let lines = tokio::time::timeout(Duration::from_secs(20), held)
+        .await
+        .expect("held ends")
+        .expect("held task");
+    let last: serde_json::Value = serde_json::from_str(lines.lines().last().unwrap_or(""))
+        .unwrap_or_else(|e| panic!("held's last line is not JSON ({e}): {lines}"));
+    assert_eq!(last["type"], "completed", "{lines}");
+    assert_eq!(router.proc.wait_exit(Duration::from_secs(15)), Some(0));
+}
