@@ -244,19 +244,57 @@ pub fn read_value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64
     let want: BTreeMap<&str, &str> = labels.iter().copied().collect();
     text.lines()
         .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| l.rsplit_once(' '))
-        .find(|(series, _)| {
-            let (n, l) = series
-                .split_once('{')
-                .map_or((*series, ""), |(n, rest)| (n, rest.trim_end_matches('}')));
-            let got: BTreeMap<&str, &str> = l
-                .split(',')
-                .filter_map(|p| p.split_once('='))
-                .map(|(k, v)| (k, v.trim_matches('"')))
-                .collect();
-            n == name && got == want
+        .filter_map(series)
+        .find(|(n, got, _)| {
+            *n == name
+                && got.len() == want.len()
+                && got
+                    .iter()
+                    .all(|(k, v)| want.get(k.as_str()) == Some(&v.as_str()))
         })
-        .and_then(|(_, v)| v.trim().parse().ok())
+        .and_then(|(_, _, v)| v.trim().parse().ok())
+}
+
+/// One exposition line: the metric name, its labels (values unescaped) and the value
+/// text; `None` for a line that is not a series. Label values are quoted strings in
+/// which `,`, `}`, `=` and escaped quotes may appear, so they are scanned, not split.
+fn series(line: &str) -> Option<(&str, BTreeMap<String, String>, &str)> {
+    let Some((name, rest)) = line.split_once('{') else {
+        let (name, value) = line.split_once(' ')?;
+        return Some((name, BTreeMap::new(), value));
+    };
+    let mut labels = BTreeMap::new();
+    let mut chars = rest.char_indices().peekable();
+    loop {
+        while chars.next_if(|(_, c)| *c == ',' || *c == ' ').is_some() {}
+        let (start, c) = chars.next()?;
+        if c == '}' {
+            let value = rest.get(start + 1..)?;
+            return Some((name, labels, value));
+        }
+        let mut key = String::from(c);
+        loop {
+            match chars.next()? {
+                (_, '=') => break,
+                (_, c) => key.push(c),
+            }
+        }
+        if chars.next()?.1 != '"' {
+            return None;
+        }
+        let mut value = String::new();
+        loop {
+            match chars.next()?.1 {
+                '"' => break,
+                '\\' => match chars.next()?.1 {
+                    'n' => value.push('\n'),
+                    c => value.push(c),
+                },
+                c => value.push(c),
+            }
+        }
+        labels.insert(key, value);
+    }
 }
 
 fn fmt_value(v: f64) -> String {
@@ -324,5 +362,34 @@ mod tests {
         let m = Metrics::new();
         m.counter_add("x", "h", &[("reason", "a\"b")], 1.0);
         assert!(m.render().contains("x{reason=\"a\\\"b\"} 1"));
+    }
+
+    /// Label values with the characters that end a naive split (`,` `}` `=` quotes,
+    /// backslashes, newlines) are read back as written; a partial label set is not a
+    /// match, and a malformed line is skipped, not misread.
+    #[test]
+    fn read_value_reads_back_any_label_value() {
+        let m = Metrics::new();
+        let odd = "w-1,tier=\"ram\"} 9\\x\ny";
+        m.counter_add("x", "h", &[("worker", odd), ("tier", "ssd")], 3.0);
+        m.counter_add("x", "h", &[("worker", "w-1"), ("tier", "ssd")], 5.0);
+        let text = m.render();
+        assert_eq!(
+            read_value(&text, "x", &[("tier", "ssd"), ("worker", odd)]),
+            Some(3.0)
+        );
+        assert_eq!(
+            read_value(&text, "x", &[("worker", "w-1"), ("tier", "ssd")]),
+            Some(5.0)
+        );
+        assert_eq!(read_value(&text, "x", &[("worker", "w-1")]), None);
+        assert_eq!(
+            read_value("x{worker=w-1} 2\n", "x", &[("worker", "w-1")]),
+            None
+        );
+        assert_eq!(
+            read_value("x{worker=\"w-1 2\n", "x", &[("worker", "w-1")]),
+            None
+        );
     }
 }
