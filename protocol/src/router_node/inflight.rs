@@ -122,14 +122,7 @@ impl Unreflected {
     /// Work to add to `worker`'s last reported `queue_ms` (negative: work that heartbeat
     /// counts has finished since).
     pub fn extra_ms(&self, worker: &WorkerId) -> f64 {
-        let pending: f64 = self.workers.get(worker).map_or(0.0, |entries| {
-            entries
-                .values()
-                .filter(|e| !e.reflected)
-                .map(|e| e.work_ms)
-                .sum()
-        });
-        pending - self.finished.get(worker).copied().unwrap_or(0.0)
+        self.extra(worker).0
     }
 
     /// Pages to take from `worker`'s last reported free (then evictable) pages: those
@@ -137,13 +130,19 @@ impl Unreflected {
     /// admitted between two heartbeats sees the same free pages, and all but the first
     /// are declined for want of them.
     pub fn extra_pages(&self, worker: &WorkerId) -> u64 {
-        self.workers.get(worker).map_or(0, |entries| {
-            entries
-                .values()
-                .filter(|e| !e.reflected)
-                .map(|e| e.pages)
-                .sum()
-        })
+        self.extra(worker).1
+    }
+
+    /// [`Unreflected::extra_ms`] and [`Unreflected::extra_pages`] in one pass.
+    pub fn extra(&self, worker: &WorkerId) -> (f64, u64) {
+        let (ms, pages) = self.workers.get(worker).map_or((0.0, 0), |entries| {
+            (entries.values().filter(|e| !e.reflected))
+                .fold((0.0, 0), |(ms, pages), e| (ms + e.work_ms, pages + e.pages))
+        });
+        (
+            ms - self.finished.get(worker).copied().unwrap_or(0.0),
+            pages,
+        )
     }
 }
 

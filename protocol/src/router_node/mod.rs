@@ -148,12 +148,6 @@ pub enum Count {
     /// An offer to a worker with no live route, failed at once.
     OfferWithoutRoute,
     OfferTimeout,
-    /// A request without a feasible candidate now started waiting for pages.
-    Parked,
-    /// A waiting request was handed to the router machine after waiting this long.
-    Admitted {
-        waited_ms: u64,
-    },
 }
 
 /// Effects of [`RouterNode::handle`], in order.
@@ -292,7 +286,7 @@ impl RouterNode {
                 request,
                 deadline,
                 pin,
-            } => self.submit(now, request, deadline, pin, out),
+            } => self.submit(now, request, deadline, pin),
             NodeInput::Cancel { request } => {
                 self.pending.push_back(RouterInput::Cancel { request })
             }
@@ -336,7 +330,6 @@ impl RouterNode {
         request: Arc<GenerationRequest>,
         deadline: Option<Millis>,
         pin: Pin,
-        out: &mut Vec<NodeEffect>,
     ) {
         if self.router.record(&request.id).is_some() {
             return; // a duplicate submit is ignored (spec §2.4)
@@ -348,7 +341,7 @@ impl RouterNode {
             Some(w) => candidates.into_iter().partition(|c| &c.worker_id != w),
             None => (candidates, Vec::new()),
         };
-        if self.park(now, &request, deadline, &pin, &usable, &held, out) {
+        if self.park(now, &request, deadline, &pin, &usable, &held) {
             return;
         }
         self.pending.push_back(RouterInput::Submit {
@@ -373,13 +366,21 @@ impl RouterNode {
             Pin::Worker(w) => candidates.retain(|c| &c.worker_id == w),
             Pin::Nowhere => candidates.clear(),
         }
-        // Per candidate, so a busy router clones no observation for it.
+        // Per candidate, so a busy router clones no observation for it; a worker's
+        // candidates come together, so its ledger is read once.
+        let mut ledger: Option<(WorkerId, (f64, u64))> = None;
         for c in &mut candidates {
-            let extra_ms = self.unreflected.extra_ms(&c.worker_id);
+            let (extra_ms, extra_pages) = match &ledger {
+                Some((w, extra)) if *w == c.worker_id => *extra,
+                _ => {
+                    let extra = self.unreflected.extra(&c.worker_id);
+                    ledger = Some((c.worker_id.clone(), extra));
+                    extra
+                }
+            };
             if extra_ms != 0.0 {
                 c.queue_ms = (c.queue_ms + extra_ms).max(0.0);
             }
-            let extra_pages = self.unreflected.extra_pages(&c.worker_id);
             if extra_pages > 0 {
                 let from_free = extra_pages.min(u64::from(c.free_pages));
                 c.free_pages -= from_free as u32;
@@ -435,9 +436,9 @@ impl RouterNode {
                     self.unreflected.heartbeat(&sender);
                     // Only more room than the waiting requests were last examined
                     // against can let one in (every worker heartbeats every interval).
-                    let room = self.room(&sender);
-                    if !self.waiting.is_empty() && self.waiting.more_room(&sender, room) {
-                        self.rescan = true;
+                    if !self.waiting.is_empty() {
+                        let room = self.room(&sender);
+                        self.rescan |= self.waiting.more_room(&sender, room);
                     }
                 }
             }

@@ -41,7 +41,7 @@ use crate::ids::{RequestId, WorkerId};
 use crate::request::GenerationRequest;
 use crate::time::Millis;
 
-use super::{Count, NodeEffect, Pin, RouterNode};
+use super::{NodeEffect, Pin, RouterNode};
 use crate::router::RouterInput;
 
 /// A request waiting for pages.
@@ -49,7 +49,6 @@ use crate::router::RouterInput;
 pub struct Parked {
     pub request: Arc<GenerationRequest>,
     pub pin: Pin,
-    pub since: Millis,
     /// The fewest pages it needed on a worker that could hold it, when last examined: a
     /// heartbeat that leaves no worker that much room skips building its candidates.
     pub needed_pages: u64,
@@ -181,7 +180,6 @@ impl RouterNode {
     /// Parks `request` if it has no usable feasible candidate, some worker could hold it
     /// once pages free, the queue has room and its deadline is ahead; the first to wait
     /// reserves a worker. Returns whether it now waits.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn park(
         &mut self,
         now: Millis,
@@ -190,13 +188,12 @@ impl RouterNode {
         pin: &Pin,
         usable: &[Candidate],
         held: &[Candidate],
-        out: &mut Vec<NodeEffect>,
     ) -> bool {
-        if any_feasible(request, usable) || !self.waiting.has_room() {
-            return false;
-        }
-        let deadline = deadline.unwrap_or(now + self.router.config().default_deadline_ms);
-        if deadline <= now {
+        // A deadline already past is the router machine's to fail, as on submit.
+        if any_feasible(request, usable)
+            || !self.waiting.has_room()
+            || deadline.is_some_and(|d| d <= now)
+        {
             return false;
         }
         let Some(needed_pages) = self.wait_for(request, usable, held) else {
@@ -209,16 +206,15 @@ impl RouterNode {
         self.waiting.entries.push_back(Parked {
             request: Arc::clone(request),
             pin: pin.clone(),
-            since: now,
             needed_pages,
         });
-        // The router machine keeps its record (phase waiting) and runs its deadline.
+        // The router machine keeps its record and runs its deadline; its `waiting`
+        // decision event is what metrics count.
         self.pending.push_back(RouterInput::Hold {
             request: Arc::clone(request),
             candidates: usable.iter().chain(held).cloned().collect(),
-            deadline: Some(deadline),
+            deadline,
         });
-        out.push(NodeEffect::Count(Count::Parked));
         // It was examined against every worker's room now; the older ones were not, so
         // a mark only comes down (room freed silently, by a decline, still counts).
         self.note_rooms(true);
@@ -274,11 +270,8 @@ impl RouterNode {
                 break;
             }
             self.waiting.reserved = None;
-            let waited_ms = now.0.saturating_sub(p.since.0);
-            if feasible {
-                out.push(NodeEffect::Count(Count::Admitted { waited_ms }));
-            }
-            // One that can no longer be served fails there with no-feasible-worker.
+            // Its `released` decision event says how long it waited; one that can no
+            // longer be served fails there with no-feasible-worker.
             self.pending.push_back(RouterInput::Release {
                 request: p.request.id.clone(),
                 candidates,

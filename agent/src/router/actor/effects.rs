@@ -177,18 +177,6 @@ impl RouterActor {
                 &[],
                 1.0,
             ),
-            Count::Parked => m.counter_add(
-                "den_router_waited_total",
-                "Requests that waited for KV pages no worker had free.",
-                &[],
-                1.0,
-            ),
-            Count::Admitted { waited_ms } => m.counter_add(
-                "den_router_wait_seconds_total",
-                "Time requests spent waiting for KV pages before an offer.",
-                &[],
-                waited_ms as f64 / 1000.0,
-            ),
         }
     }
 

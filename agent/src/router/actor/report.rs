@@ -73,10 +73,19 @@ impl RouterActor {
                 let _ = self.shared.feed.send(Arc::from(encode_feed(&frame)));
                 return;
             }
-            // The Parked / Admitted counts carry these; the feed shows the record.
-            DecisionEventKind::Accepted { .. }
-            | DecisionEventKind::Waiting
-            | DecisionEventKind::Released { .. } => {}
+            DecisionEventKind::Waiting => m.counter_add(
+                "den_router_waited_total",
+                "Requests that waited for KV pages no worker had free.",
+                &[],
+                1.0,
+            ),
+            DecisionEventKind::Released { waited_ms, .. } => m.counter_add(
+                "den_router_wait_seconds_total",
+                "Time requests spent waiting for KV pages, counted when the router takes one up again.",
+                &[],
+                *waited_ms as f64 / 1000.0,
+            ),
+            DecisionEventKind::Accepted { .. } => {}
         }
         self.dirty.insert(e.request);
     }
