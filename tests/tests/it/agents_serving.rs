@@ -474,38 +474,39 @@ async fn evict_resident(router: &Router, worker: &Worker, id: &str) {
     .await;
 }
 
-/// A request no worker has the KV pages for right now waits in the router, and while it
-/// waits it is a request like any other: its decision record is there (no attempt yet),
-/// the waiting gauge counts it, and a cancel ends it at once (it was a 404 before the
-/// router kept records of waiting requests). One worker of 256 pages × 16 tokens; "hog"
-/// holds 250 of them for ~20 s of slow decode steps, so "held" (32 pages) must wait.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn agents_a_request_waiting_for_pages_has_a_record_and_can_be_cancelled() {
-    let router = start_router(None, &[]);
-    let _w = start_worker(&router, "w-a", false, &["--decode-ms-per-token", "20"]);
-    router.wait_workers(&["w-a"]).await;
-
-    let mut hog = router.stream(body("hog", &prompt(5, 3000), 1000)).await;
+/// One worker of 256 pages × 16 tokens with slow (20 ms) decode steps; "hog", a
+/// `hog_prompt`-token prompt generating `hog_new` tokens, holds most of its pages, and
+/// "held" (600 tokens, 38 pages) is sent once a heartbeat shows fewer than that free.
+/// Returns the hog's stream, held's whole response (a task) and held's record once the
+/// router holds it waiting.
+async fn hog_then_held(
+    router: &Router,
+    hog_prompt: usize,
+    hog_new: u32,
+) -> (
+    den_tests::agents::GenerationStream,
+    tokio::task::JoinHandle<String>,
+    serde_json::Value,
+) {
+    let mut hog = router
+        .stream(body("hog", &prompt(5, hog_prompt), hog_new))
+        .await;
     assert_eq!(hog.next_line().await.unwrap()["type"], "delta");
-    // The heartbeat that shows the hog's pages taken (the router also counts them as
-    // offered until then).
     wait_for(
         "the hog's pages to show",
         Duration::from_secs(10),
         || async {
             let obs = router.observation("w-a").await?;
-            (obs["free_pages"].as_u64()? < 32).then_some(())
+            (obs["free_pages"].as_u64()? < 38).then_some(())
         },
     )
     .await;
-
     let held = {
         let url = router.url.clone();
         tokio::spawn(async move {
-            let client = den_tests::agents::client();
-            client
+            den_tests::agents::client()
                 .post(format!("{url}/v1/generate"))
-                .json(&body("held", &prompt(6, 500), 8))
+                .json(&body("held", &prompt(6, 600), 8))
                 .send()
                 .await
                 .expect("POST held")
@@ -514,11 +515,38 @@ async fn agents_a_request_waiting_for_pages_has_a_record_and_can_be_cancelled() 
                 .expect("held body")
         })
     };
-    let record = wait_for("held to be recorded", Duration::from_secs(10), || async {
+    let record = wait_for("held to wait", Duration::from_secs(10), || async {
         let r = router.record("held").await;
         (r["request"] == "held").then_some(r)
     })
     .await;
+    (hog, held, record)
+}
+
+/// The last NDJSON line of a whole `/v1/generate` response.
+async fn last_line(
+    response: tokio::task::JoinHandle<String>,
+    within: Duration,
+) -> serde_json::Value {
+    let lines = tokio::time::timeout(within, response)
+        .await
+        .expect("the response ends")
+        .expect("response task");
+    serde_json::from_str(lines.lines().last().unwrap_or(""))
+        .unwrap_or_else(|e| panic!("the last line is not JSON ({e}): {lines}"))
+}
+
+/// A request no worker has the KV pages for right now waits in the router, and while it
+/// waits it is a request like any other: its decision record is there (no attempt yet),
+/// the waiting metrics count it, and a cancel ends it at once (it was a 404 before the
+/// router kept records of waiting requests). The hog decodes for ~10 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_a_request_waiting_for_pages_has_a_record_and_can_be_cancelled() {
+    let router = start_router(None, &[]);
+    let _w = start_worker(&router, "w-a", false, &["--decode-ms-per-token", "20"]);
+    router.wait_workers(&["w-a"]).await;
+    let (mut hog, held, record) = hog_then_held(&router, 3000, 500).await;
+
     assert_eq!(
         record["attempts"].as_array().map(Vec::len),
         Some(0),
@@ -535,16 +563,15 @@ async fn agents_a_request_waiting_for_pages_has_a_record_and_can_be_cancelled() 
         (metric(&m, "den_router_requests", &[("phase", "waiting")]) == 1.0).then_some(())
     })
     .await;
+    assert_eq!(
+        metric(&router.metrics().await, "den_router_waited_total", &[]),
+        1.0
+    );
 
     let resp = router.post("/v1/requests/held/cancel").await;
     assert_eq!(resp.status(), 202);
-    let lines = tokio::time::timeout(Duration::from_secs(10), held)
-        .await
-        .expect("held ends at its cancel")
-        .expect("held task");
-    let last: serde_json::Value = serde_json::from_str(lines.lines().last().unwrap_or(""))
-        .unwrap_or_else(|e| panic!("held's last line is not JSON ({e}): {lines}"));
-    assert_eq!(last["type"], "cancelled", "{lines}");
+    let last = last_line(held, Duration::from_secs(10)).await;
+    assert_eq!(last["type"], "cancelled", "{last}");
     let record = router.record("held").await;
     assert_eq!(record["outcome"]["kind"], "cancelled", "{record}");
     assert_eq!(
@@ -562,54 +589,23 @@ async fn agents_a_request_waiting_for_pages_has_a_record_and_can_be_cancelled() 
 /// A router that drains (SIGTERM) counts a request waiting for KV pages as accepted work:
 /// it keeps running until the pages free and the request is served, then exits. (It used
 /// to stop once nothing was offered or running, and the waiting request's stream ended
-/// with "the router ended the stream".)
+/// with "the router ended the stream".) The hog decodes for ~2 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_a_draining_router_serves_a_request_waiting_for_pages() {
     let mut router = start_router(None, &["--drain-timeout", "30s"]);
     let _w = start_worker(&router, "w-a", false, &["--decode-ms-per-token", "20"]);
     router.wait_workers(&["w-a"]).await;
-
-    // "hog" holds 225 of the 256 pages for ~2 s of decode steps; "held" needs 38.
-    let mut hog = router.stream(body("hog", &prompt(7, 3500), 100)).await;
-    assert_eq!(hog.next_line().await.unwrap()["type"], "delta");
-    wait_for(
-        "the hog's pages to show",
-        Duration::from_secs(10),
-        || async {
-            let obs = router.observation("w-a").await?;
-            (obs["free_pages"].as_u64()? < 32).then_some(())
-        },
-    )
-    .await;
-    let held = {
-        let url = router.url.clone();
-        tokio::spawn(async move {
-            den_tests::agents::client()
-                .post(format!("{url}/v1/generate"))
-                .json(&body("held", &prompt(8, 600), 8))
-                .send()
-                .await
-                .expect("POST held")
-                .text()
-                .await
-                .expect("held body")
-        })
-    };
-    wait_for("held to wait", Duration::from_secs(10), || async {
-        let r = router.record("held").await;
-        (r["request"] == "held" && r["attempts"].as_array()?.is_empty()).then_some(())
-    })
-    .await;
+    let (mut hog, held, record) = hog_then_held(&router, 3500, 100).await;
+    assert_eq!(
+        record["attempts"].as_array().map(Vec::len),
+        Some(0),
+        "{record}"
+    );
 
     router.proc.signal("TERM");
     while hog.next_line().await.is_some() {}
     assert_eq!(hog.finish().kind(), "completed");
-    let lines = tokio::time::timeout(Duration::from_secs(20), held)
-        .await
-        .expect("held ends")
-        .expect("held task");
-    let last: serde_json::Value = serde_json::from_str(lines.lines().last().unwrap_or(""))
-        .unwrap_or_else(|e| panic!("held's last line is not JSON ({e}): {lines}"));
-    assert_eq!(last["type"], "completed", "{lines}");
+    let last = last_line(held, Duration::from_secs(20)).await;
+    assert_eq!(last["type"], "completed", "{last}");
     assert_eq!(router.proc.wait_exit(Duration::from_secs(15)), Some(0));
 }
