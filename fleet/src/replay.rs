@@ -105,7 +105,7 @@ pub fn run_with(workload: &Workload, config: &FleetConfig, policy: &mut dyn Poli
         attempts: vec![0u32; workload.requests.len()],
         refusals: Refusals::default(),
         held_since: vec![None; workload.requests.len()],
-        waited: Vec::new(),
+        waited: (0, 0),
     };
     let start = workload.requests.first().map_or(0, |r| r.arrival_us);
     let mut beats = config
@@ -227,10 +227,10 @@ pub fn run_with(workload: &Workload, config: &FleetConfig, policy: &mut dyn Poli
     run.report.refused_requests = book.refusals.requests;
     run.report.client_retries = book.refusals.retries;
     run.report.gave_up = book.refusals.gave_up;
-    run.report.waited_requests = book.waited.len() as u64;
-    if !book.waited.is_empty() {
-        run.report.mean_wait_ms =
-            book.waited.iter().sum::<u64>() as f64 / book.waited.len() as f64 / 1000.0;
+    let (waited, waited_us) = book.waited;
+    run.report.waited_requests = waited;
+    if waited > 0 {
+        run.report.mean_wait_ms = waited_us as f64 / waited as f64 / 1000.0;
     }
     run
 }
@@ -273,8 +273,8 @@ struct Book {
     refusals: Refusals,
     /// When the policy held each request it is holding ([`crate::policy::Route::held`]).
     held_since: Vec<Option<Micros>>,
-    /// How long each held request waited, µs.
-    waited: Vec<u64>,
+    /// Requests the policy held, and how long they waited in all, µs.
+    waited: (u64, u64),
 }
 
 impl Fleet {
@@ -319,8 +319,8 @@ impl Fleet {
         }
         let arrival = sh.workload.requests.get(i).map_or(now, |r| r.arrival_us);
         if let Some(since) = book.held_since.get_mut(i).and_then(Option::take) {
-            let waited = now.saturating_sub(since);
-            book.waited.push(waited);
+            book.waited.0 += 1;
+            book.waited.1 += now.saturating_sub(since);
             // The router predicts from the moment it offers; the client counts from
             // its arrival.
             route.predicted_ttft_ms = route

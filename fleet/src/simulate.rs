@@ -89,6 +89,11 @@ pub struct SimulateArgs {
     /// Shorten every 512-token block, prompt and output by this factor.
     #[arg(long, value_name = "Y", default_value_t = 1.0)]
     pub length_scale: f64,
+    /// den-agent's router --max-waiting: how many requests may wait in it for KV pages
+    /// no worker has free; 0 refuses them (503, Retry-After) and the simulated client
+    /// sends them again a second later [default: den-agent's, 1024].
+    #[arg(long, value_name = "N")]
+    pub max_waiting: Option<usize>,
 }
 
 /// Where the simulated workers' costs come from.
@@ -130,6 +135,7 @@ impl Default for SimulateArgs {
             profile: "h100".into(),
             time_scale: 1.0,
             length_scale: 1.0,
+            max_waiting: None,
         }
     }
 }
@@ -149,12 +155,15 @@ pub fn run(args: &SimulateArgs) -> Result<String, String> {
     let path = trace_path(args.trace.as_deref(), Path::new(DEFAULT_TRACE))?;
     let workers = parse_workers(&args.workers)?;
     let policies = parse_policies(&args.policies).map_err(|e| e.to_string())?;
-    let den = DenOptions::preset(args.den.trim()).ok_or_else(|| {
+    let mut den = DenOptions::preset(args.den.trim()).ok_or_else(|| {
         format!(
             "unknown --den {:?}: use router (den-agent's, the default) or a study step v1 … v6",
             args.den
         )
     })?;
+    if let Some(n) = args.max_waiting {
+        den.max_waiting = n;
+    }
     let deployment = deployment(&args.profile)?;
     if args.limit == Some(0) {
         return Err("--limit 0 replays nothing: give at least 1".into());
@@ -496,6 +505,20 @@ mod tests {
         })
         .unwrap_err();
         assert!(e.contains("--profile") && e.contains("synthetic"), "{e}");
+    }
+
+    /// `--max-waiting` is a setting of den-agent's router, not a study step: the table
+    /// still names the router, and `--max-waiting 0` refuses instead of holding.
+    #[test]
+    fn max_waiting_is_the_routers_setting() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = SimulateArgs {
+            policies: "den".into(),
+            max_waiting: Some(0),
+            ..args(write(&dir, "t.jsonl", &tiny_trace()))
+        };
+        let text = run(&a).unwrap();
+        assert!(text.starts_with("den = den-agent's router"), "{text}");
     }
 
     /// The profile BENCHMARKS.md's exact sweep replays: it must keep parsing as the

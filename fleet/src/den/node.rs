@@ -382,18 +382,7 @@ impl Policy for NodePolicy {
         let Some((conn, offer)) = offer else {
             if node.waiting().contains(&id) {
                 // No worker has its pages now: it waits in the router, FCFS.
-                self.held.insert(
-                    id,
-                    Held {
-                        index: request.index,
-                        blocks: request.blocks.to_vec(),
-                        line: request.line,
-                        input_tokens: request.input_tokens,
-                        output_tokens: request.output_tokens,
-                        explain: request.explain,
-                        attempt: request.attempt,
-                    },
-                );
+                self.held.insert(id, Held::of(request));
                 return Route {
                     held: true,
                     ..Route::to(0)

@@ -139,7 +139,9 @@ impl DenOptions {
 
     /// What the `den` rows of a report are, in one line.
     pub fn describe(&self) -> &'static str {
-        if *self == DenOptions::router() {
+        // The router's own settings (`max_waiting`) do not make it a study step: what
+        // decides is whether den-agent's router node routes.
+        if self.router_pricing {
             "den = den-agent's router: its RouterNode, fed the simulated workers' heartbeats (engine plans, pool, GPU prefixes), publications and results (--den router)"
         } else {
             "den = a STUDY STEP of the policy (--den vN), not what den-agent's router runs (that is --den router, the default)"

@@ -23,6 +23,32 @@ pub(super) struct Held {
     pub(super) attempt: u32,
 }
 
+impl Held {
+    pub(super) fn of(request: &RouteRequest) -> Held {
+        Held {
+            index: request.index,
+            blocks: request.blocks.to_vec(),
+            line: request.line,
+            input_tokens: request.input_tokens,
+            output_tokens: request.output_tokens,
+            explain: request.explain,
+            attempt: request.attempt,
+        }
+    }
+
+    pub(super) fn request(&self) -> RouteRequest<'_> {
+        RouteRequest {
+            index: self.index,
+            line: self.line,
+            input_tokens: self.input_tokens,
+            output_tokens: self.output_tokens,
+            blocks: &self.blocks,
+            explain: self.explain,
+            attempt: self.attempt,
+        }
+    }
+}
+
 /// What became of a waiting request.
 #[derive(Debug)]
 pub(super) enum Outcome {
@@ -94,16 +120,7 @@ impl NodePolicy {
                     };
                     let mut route = self.accept(now, conn, offer, h.index, &h.blocks, fleet);
                     if h.explain {
-                        let request = RouteRequest {
-                            index: h.index,
-                            line: h.line,
-                            input_tokens: h.input_tokens,
-                            output_tokens: h.output_tokens,
-                            blocks: &h.blocks,
-                            explain: true,
-                            attempt: h.attempt,
-                        };
-                        route.record = self.study_record(&id, &request, fleet);
+                        route.record = self.study_record(&id, &h.request(), fleet);
                     }
                     out.push((h.index, route));
                 }
