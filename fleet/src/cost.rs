@@ -226,8 +226,9 @@ impl CostModel {
         4.0 * (self.layers * self.q_heads * self.head_dim) as f64
     }
 
-    /// Time to prefill tokens `[start, end)` alone on an idle GPU, in ms (calibration
-    /// seed and documentation; the simulator charges steps).
+    /// Time to prefill tokens `[start, end)` in one step on an idle GPU, in ms (the
+    /// calibration seed and the study's estimates; the simulator charges budget-sized
+    /// steps, [`CostModel::alone_ttft_ms`]).
     pub fn solo_prefill_ms(&self, start: u32, end: u32) -> f64 {
         let n = end.saturating_sub(start) as u64;
         if let Some(e) = &self.synthetic
@@ -236,6 +237,17 @@ impl CostModel {
             return n as f64 * e.prefill_ms_per_token;
         }
         self.step_us(n, positions(start, end), 0, 0) as f64 / 1000.0
+    }
+
+    /// A request's time to first token alone on an idle worker of this engine, ms: its
+    /// prompt rows past the `reused` tokens in steps of the engine's budget, each step
+    /// paying the engine's floor (one weight pass on a measured CPU worker), then the step
+    /// that yields the first token. No policy can undercut it for that reuse, since every
+    /// policy's workers run the same engine; [`CostModel::solo_prefill_ms`] is one step of
+    /// the whole prompt, which on an engine with a per-step floor is not reachable.
+    pub fn alone_ttft_ms(&self, reused: u32, input: u32) -> f64 {
+        let rows = self.prompt_rows(input);
+        self.idle_plan().solo_ms(reused.min(rows), rows) + self.first_token_ms()
     }
 
     /// What the first token costs after the prompt is prefilled, ms: 0 for a batched

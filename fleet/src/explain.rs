@@ -13,8 +13,8 @@ use super::policy::PolicyKind;
 use super::replay::{FleetConfig, PolicyRun, run_policy};
 use super::trace::Workload;
 
-/// One policy's mean TTFT split into the request's own prefill (alone on an idle GPU,
-/// with the reuse it got), the wait before its prefill began (queue, prefix load,
+/// One policy's mean TTFT split into the request's own prefill (alone on an idle worker,
+/// in its engine's steps, with the reuse it got, first token included), the wait before its prefill began (queue, prefix load,
 /// restore), and the slowdown while prefilling (steps shared with other work).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TimeSplit {
@@ -30,7 +30,7 @@ pub fn time_split(workload: &Workload, config: &FleetConfig, run: &PolicyRun) ->
     let (mut own, mut wait, mut slow) = (0.0, 0.0, 0.0);
     for (i, req) in workload.requests.iter().enumerate() {
         let reused = run.reused_tokens.get(i).copied().unwrap_or(0);
-        let o = config.cost.solo_prefill_ms(reused, req.input_tokens);
+        let o = config.cost.alone_ttft_ms(reused, req.input_tokens);
         let w = run.wait_us.get(i).copied().unwrap_or(0) as f64 / 1e3;
         own += o;
         wait += w;

@@ -88,8 +88,8 @@ pub fn report(
     }
 }
 
-/// Mean TTFT no routing policy can beat: each request alone on an idle GPU, reusing all
-/// of [`Workload::ideal_reuse`] for free ([`FleetReport::ttft_lower_bound_ms`]).
+/// Mean TTFT no routing policy can beat: each request alone on an idle worker, in its
+/// engine's steps ([`CostModel::alone_ttft_ms`]), reusing all of [`Workload::ideal_reuse`] for free ([`FleetReport::ttft_lower_bound_ms`]).
 pub fn ttft_lower_bound_ms(workload: &Workload, cost: &CostModel) -> f64 {
     let reuse = workload.ideal_reuse();
     let n = workload.requests.len().max(1) as f64;
@@ -97,7 +97,7 @@ pub fn ttft_lower_bound_ms(workload: &Workload, cost: &CostModel) -> f64 {
         .requests
         .iter()
         .zip(&reuse)
-        .map(|(r, &c)| cost.solo_prefill_ms(c, r.input_tokens) + cost.first_token_ms())
+        .map(|(r, &c)| cost.alone_ttft_ms(c, r.input_tokens))
         .sum();
     total / n
 }

@@ -183,7 +183,7 @@ pub struct FleetReport {
     pub workers: usize,
     pub cost: CostModel,
     /// Mean TTFT no policy can beat on this trace and cost model, ms: every request
-    /// served alone on an idle GPU, reusing everything an infinite cache shared by all
+    /// served alone on an idle worker (in its engine's steps), reusing everything an infinite cache shared by all
     /// workers would hold, with no load or restore time.
     pub ttft_lower_bound_ms: f64,
     pub policies: Vec<PolicyReport>,
@@ -333,7 +333,7 @@ impl FleetReport {
         }
         let _ = writeln!(
             out,
-            "lower bound (each request alone on an idle GPU, ideal reuse, free loads): {:.0} ms mean",
+            "lower bound (each request alone on an idle worker, ideal reuse, free loads): {:.0} ms mean",
             self.ttft_lower_bound_ms
         );
         if let Some((best, x)) = self.den_speedup() {

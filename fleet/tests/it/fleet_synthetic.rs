@@ -6,7 +6,7 @@ use den_fleet::policy::{FleetView, Policy, Route, RouteRequest};
 use den_fleet::trace::BlockRequest;
 use den_fleet::{
     DenOptions, FleetConfig, Heartbeats, PolicyKind, SyntheticProfile, Workload, run_policy,
-    run_with,
+    run_with, ttft_lower_bound_ms,
 };
 use den_protocol::engine_plan::StepCosts;
 
@@ -127,6 +127,36 @@ fn a_worker_at_measured_step_costs_runs_the_same_schedule_at_those_costs() {
     // first-token row, 1 + 0.2 ms: B's first token 4.034 after it arrived. No declared
     // first-token floor: the fit has none.
     assert_eq!(run.ttft_us, vec![3_334, 4_034]);
+}
+
+#[test]
+fn the_lower_bound_is_a_lone_request_in_the_engines_steps() {
+    // A measured engine with a per-step floor (1 ms a step, 0.1 ms a row, 1 µs an
+    // attention position) and 4-row steps. A lone 9-token request prefills 8 prompt rows
+    // in two steps, 1 + 0.4 ms + 6 positions and 1 + 0.4 ms + 22 positions, then its
+    // first-token row (1.1 ms): 3.928 ms. Two such requests far apart, sharing nothing,
+    // each take exactly that, so the mean is the lower bound; one step for the whole
+    // prompt (1 + 0.8 ms + 28 µs, then 1.1) would claim 2.928 ms, which no policy reaches.
+    let mut p = profile(16);
+    p.batch_tokens = 4;
+    p.measured = Some(StepCosts::Fitted {
+        step_us: 1_000.0,
+        row_us: 100.0,
+        attention_us_per_position: 1.0,
+        context_us_per_token: 0.0,
+    });
+    let mut c = config(16);
+    c.cost = p.cost_model();
+    let w = workload(&[(0, 9, 2, &[1, 2, 3]), (100_000, 9, 2, &[4, 5, 6])]);
+    let run = run_with(&w, &c, &mut FirstWorker::default());
+    assert_eq!(run.ttft_us, vec![3_928, 3_928]);
+    assert!((c.cost.alone_ttft_ms(0, 9) - 3.928).abs() < 1e-9);
+    let bound = ttft_lower_bound_ms(&w, &c.cost);
+    assert!((bound - 3.928).abs() < 1e-9, "{bound}");
+    let one_step = c.cost.solo_prefill_ms(0, 8) + c.cost.first_token_ms();
+    assert!((one_step - 2.928).abs() < 1e-9, "{one_step}");
+    // Reuse shortens it by whole steps: 4 tokens reused leave one step of 4 rows.
+    assert!((c.cost.alone_ttft_ms(4, 9) - (1.422 + 1.1)).abs() < 1e-9);
 }
 
 #[test]
