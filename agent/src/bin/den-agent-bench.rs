@@ -9,7 +9,17 @@
 //! 3. **throughput**: requests per second through a router and 3 workers with 64 requests
 //!    in flight.
 //!
-//! Usage: `cargo run --release -p den-agent --bin den-agent-bench [-- --quick]`.
+//! A round trip is mostly wake-ups — client → router actor → worker (a WebSocket frame)
+//! → device thread → worker → router (a frame) → client: six — and what a wake-up costs
+//! differs twofold between VMs of the same kind. So the latency line also measures, in
+//! the same run, a bare thread handoff round trip (two wake-ups, std channels) and a bare
+//! loopback TCP round trip (`TCP_NODELAY`), each between two threads pinned to different
+//! cores, and gives den's round trip in handoff round trips: the figure that compares
+//! across machines.
+//!
+//! Usage: `cargo run --release -p den-agent --bin den-agent-bench [-- --quick]`
+//! (`-- --heartbeats` or `-- --latency` for that part alone; `-- --one-thread` runs the
+//! router and workers on one runtime thread instead of a work-stealing pool).
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -49,10 +59,19 @@ fn run() -> Result<(), String> {
     if std::env::args().any(|a| a == "--heartbeats") {
         return heartbeats(hb_secs);
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("runtime: {e}"))?;
+    let latency_only = std::env::args().any(|a| a == "--latency");
+    // `--one-thread`: the router and the workers on one runtime thread (the device
+    // threads stay theirs), to show what the runtime's own wake-ups cost.
+    let rt = if std::env::args().any(|a| a == "--one-thread") {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+    }
+    .map_err(|e| format!("runtime: {e}"))?;
     println!(
         "den-agent-bench ({} build)",
         if cfg!(debug_assertions) {
@@ -61,7 +80,16 @@ fn run() -> Result<(), String> {
             "release"
         }
     );
-    rt.block_on(latency(n_latency))?;
+    let median = rt.block_on(latency(n_latency))?;
+    // After the agents are gone, so the reference runs on a quiet machine as den did.
+    let (tcp, handoff) = machine_round_trips(n_latency)?;
+    println!(
+        "latency reference, same run: loopback TCP round trip median {tcp:.0} µs, thread handoff round trip median {handoff:.0} µs; den's round trip = {:.1} handoff round trips (its path has six wake-ups, three round trips' worth)",
+        median / handoff
+    );
+    if latency_only {
+        return Ok(());
+    }
     heartbeats(hb_secs)?;
     rt.block_on(throughput(n_throughput))
 }
@@ -133,7 +161,8 @@ async fn run_one(h: &RouterHandle, i: u64) -> bool {
     false
 }
 
-async fn latency(n: usize) -> Result<(), String> {
+/// One request at a time; returns the median round trip, µs.
+async fn latency(n: usize) -> Result<f64, String> {
     let (h, addr) = router().await?;
     let ws = workers(addr, 1).await?;
     wait_workers(&h, 1).await;
@@ -148,20 +177,106 @@ async fn latency(n: usize) -> Result<(), String> {
         }
         samples.push(t0.elapsed().as_secs_f64() * 1e6);
     }
-    samples.sort_by(f64::total_cmp);
-    let q = |p: f64| {
-        let rank = ((p * n as f64).ceil() as usize).clamp(1, n.max(1));
-        samples.get(rank - 1).copied().unwrap_or(f64::NAN)
-    };
+    let (median, p99) = (quantile(&mut samples, 0.5), quantile(&mut samples, 0.99));
     println!(
-        "latency: submit → offer → accept → prefill+decode (1 token) → result, 1 worker, {n} sequential requests: median {:.0} µs, p99 {:.0} µs",
-        q(0.5),
-        q(0.99)
+        "latency: submit → offer → accept → prefill+decode (1 token) → result, 1 worker, {n} sequential requests: median {median:.0} µs, p99 {p99:.0} µs"
     );
     for w in ws {
         w.shutdown().await;
     }
-    Ok(())
+    Ok(median)
+}
+
+/// The `p` quantile of `samples` (sorted in place), by rank.
+fn quantile(samples: &mut [f64], p: f64) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    let n = samples.len();
+    let rank = ((p * n as f64).ceil() as usize).clamp(1, n.max(1));
+    samples.get(rank - 1).copied().unwrap_or(f64::NAN)
+}
+
+/// Medians of `n` one-byte loopback TCP round trips and of `n` std-channel round trips
+/// between two threads, µs: what this machine's wake-ups cost, measured beside den's.
+/// The two sides are pinned to different cores where there are two: left to the
+/// scheduler, a pair shares a core in some runs (a handoff in 9 µs instead of 50), and
+/// den's actors do not.
+fn machine_round_trips(n: usize) -> Result<(f64, f64), String> {
+    std::thread::spawn(move || {
+        pin_to(0);
+        Ok((tcp_round_trips(n)?, handoff_round_trips(n)?))
+    })
+    .join()
+    .map_err(|_| "the reference thread panicked".to_string())?
+}
+
+fn tcp_round_trips(n: usize) -> Result<f64, String> {
+    use std::io::{Read, Write};
+    let listener =
+        std::net::TcpListener::bind(("127.0.0.1", 0)).map_err(|e| format!("bind: {e}"))?;
+    let addr = listener.local_addr().map_err(|e| format!("bind: {e}"))?;
+    let echo = std::thread::spawn(move || {
+        pin_to(1);
+        if let Ok((mut s, _)) = listener.accept() {
+            let _ = s.set_nodelay(true);
+            let mut b = [0u8; 1];
+            while s.read_exact(&mut b).is_ok() && s.write_all(&b).is_ok() {}
+        }
+    });
+    let mut c = std::net::TcpStream::connect(addr).map_err(|e| format!("connect: {e}"))?;
+    c.set_nodelay(true).map_err(|e| format!("nodelay: {e}"))?;
+    let mut samples = Vec::with_capacity(n);
+    let mut b = [0u8; 1];
+    for i in 0..n + 100 {
+        let t0 = Instant::now();
+        c.write_all(&[1]).map_err(|e| format!("tcp write: {e}"))?;
+        c.read_exact(&mut b).map_err(|e| format!("tcp read: {e}"))?;
+        if i >= 100 {
+            samples.push(t0.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    drop(c);
+    let _ = echo.join();
+    Ok(quantile(&mut samples, 0.5))
+}
+
+fn handoff_round_trips(n: usize) -> Result<f64, String> {
+    let (to_tx, to_rx) = std::sync::mpsc::channel::<u8>();
+    let (back_tx, back_rx) = std::sync::mpsc::channel::<u8>();
+    let bounce = std::thread::spawn(move || {
+        pin_to(1);
+        while let Ok(x) = to_rx.recv() {
+            if back_tx.send(x).is_err() {
+                break;
+            }
+        }
+    });
+    let mut samples = Vec::with_capacity(n);
+    for i in 0..n + 100 {
+        let t0 = Instant::now();
+        to_tx.send(1).map_err(|e| format!("channel: {e}"))?;
+        back_rx.recv().map_err(|e| format!("channel: {e}"))?;
+        if i >= 100 {
+            samples.push(t0.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    drop(to_tx);
+    let _ = bounce.join();
+    Ok(quantile(&mut samples, 0.5))
+}
+
+/// Pins the calling thread to core `cpu` when the machine has more than one; best
+/// effort (a failure leaves the thread where the scheduler puts it).
+fn pin_to(cpu: usize) {
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        return;
+    }
+    // SAFETY: a zeroed cpu_set_t is the empty set, CPU_SET writes inside it (cpu < 2 <
+    // CPU_SETSIZE), and pid 0 makes sched_setaffinity change the calling thread only.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        let _ = libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
 }
 
 fn heartbeats(secs: f64) -> Result<(), String> {
