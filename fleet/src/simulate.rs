@@ -521,39 +521,43 @@ mod tests {
         assert!(text.starts_with("den = den-agent's router"), "{text}");
     }
 
-    /// The profile BENCHMARKS.md's exact sweep replays: it must keep parsing as the
-    /// saved-profile format grows, and reach the replay with its measured costs.
+    /// The profiles BENCHMARKS.md's exact tables replay: they must keep parsing as the
+    /// saved-profile format grows, and reach the replay with their measured costs.
     #[test]
-    fn the_committed_profile_reaches_the_replay() {
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/profiles/smollm2-cpu-ssd16.json"
-        );
-        let saved: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        let a = SimulateArgs {
-            json: true,
-            policies: "den,dynamo".into(),
-            profile: path.into(),
-            length_scale: 16.0,
-            ..args(write(&dir, "t.jsonl", &tiny_trace()))
-        };
-        let v: serde_json::Value = serde_json::from_str(&run(&a).unwrap()).unwrap();
-        let cost = &v[0]["report"]["cost"]["synthetic"];
-        let ms = |v: &serde_json::Value| v["prefill_ms_per_token"].as_f64().unwrap();
-        assert!((ms(cost) - ms(&saved)).abs() < 1e-9, "{cost}");
-        assert_eq!(
-            cost["measured"]["step_us"].as_f64().map(|v| v.round()),
-            saved["measured"]["step_us"].as_f64().map(|v| v.round())
-        );
-        let policies = v[0]["report"]["policies"].as_array().unwrap();
-        assert_eq!(policies.len(), 2);
-        assert!(
-            policies
-                .iter()
-                .all(|p| p["ttft_ms"]["mean"].as_f64().unwrap() > 0.0)
-        );
+    fn the_committed_profiles_reach_the_replay() {
+        for (name, length_scale) in [
+            ("smollm2-cpu-ssd16.json", 16.0),
+            ("smollm2-cpu-ssd32.json", 32.0),
+        ] {
+            let path = format!("{}/profiles/{name}", env!("CARGO_MANIFEST_DIR"));
+            let saved: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+            let dir = tempfile::tempdir().unwrap();
+            let a = SimulateArgs {
+                json: true,
+                policies: "den,dynamo".into(),
+                profile: path.clone(),
+                length_scale,
+                ..args(write(&dir, "t.jsonl", &tiny_trace()))
+            };
+            let v: serde_json::Value = serde_json::from_str(&run(&a).unwrap()).unwrap();
+            let cost = &v[0]["report"]["cost"]["synthetic"];
+            let ms = |v: &serde_json::Value| v["prefill_ms_per_token"].as_f64().unwrap();
+            assert!((ms(cost) - ms(&saved)).abs() < 1e-9, "{name}: {cost}");
+            assert_eq!(
+                cost["measured"]["step_us"].as_f64().map(|v| v.round()),
+                saved["measured"]["step_us"].as_f64().map(|v| v.round()),
+                "{name}"
+            );
+            let policies = v[0]["report"]["policies"].as_array().unwrap();
+            assert_eq!(policies.len(), 2, "{name}");
+            assert!(
+                policies
+                    .iter()
+                    .all(|p| p["ttft_ms"]["mean"].as_f64().unwrap() > 0.0),
+                "{name}"
+            );
+        }
     }
 
     #[test]
