@@ -106,11 +106,11 @@ fn decodes_batch_and_prompts_join_the_steps_of_others() {
     assert_eq!(run.report.overcommits, 0);
 }
 
-#[test]
-fn a_worker_at_measured_step_costs_runs_the_same_schedule_at_those_costs() {
-    // The steps of a real model as its worker fitted them: 1 ms a step, 0.1 ms a row,
-    // 1 µs an attention position. A (t=0): 9 tokens, 2 out. B (t=0.5 ms): 5 tokens, 1 out.
+/// One worker of a 16-block pool at a real model's fitted steps (1 ms a step, 0.1 ms a
+/// row, 1 µs an attention position) with `batch_tokens` rows a step.
+fn measured_config(batch_tokens: u32) -> FleetConfig {
     let mut p = profile(16);
+    p.batch_tokens = batch_tokens;
     p.measured = Some(StepCosts::Fitted {
         step_us: 1_000.0,
         row_us: 100.0,
@@ -119,6 +119,14 @@ fn a_worker_at_measured_step_costs_runs_the_same_schedule_at_those_costs() {
     });
     let mut c = config(16);
     c.cost = p.cost_model();
+    c
+}
+
+#[test]
+fn a_worker_at_measured_step_costs_runs_the_same_schedule_at_those_costs() {
+    // The steps of a real model as its worker fitted them: 1 ms a step, 0.1 ms a row,
+    // 1 µs an attention position. A (t=0): 9 tokens, 2 out. B (t=0.5 ms): 5 tokens, 1 out.
+    let c = measured_config(64);
     let w = workload(&[(0, 9, 2, &[1, 2, 3]), (500, 5, 1, &[4, 5])]);
     let run = run_with(&w, &c, &mut FirstWorker::default());
     // Step 1, 0–1.828: A's 8 processed rows, 1 + 0.8 ms + 28 positions. Step 2,
@@ -137,16 +145,7 @@ fn the_lower_bound_is_a_lone_request_in_the_engines_steps() {
     // first-token row (1.1 ms): 3.928 ms. Two such requests far apart, sharing nothing,
     // each take exactly that, so the mean is the lower bound; one step for the whole
     // prompt (1 + 0.8 ms + 28 µs, then 1.1) would claim 2.928 ms, which no policy reaches.
-    let mut p = profile(16);
-    p.batch_tokens = 4;
-    p.measured = Some(StepCosts::Fitted {
-        step_us: 1_000.0,
-        row_us: 100.0,
-        attention_us_per_position: 1.0,
-        context_us_per_token: 0.0,
-    });
-    let mut c = config(16);
-    c.cost = p.cost_model();
+    let c = measured_config(4);
     let w = workload(&[(0, 9, 2, &[1, 2, 3]), (100_000, 9, 2, &[4, 5, 6])]);
     let run = run_with(&w, &c, &mut FirstWorker::default());
     assert_eq!(run.ttft_us, vec![3_928, 3_928]);
