@@ -361,6 +361,15 @@ impl CandidateSnapshot {
         self.feasible
     }
 
+    /// Feasible and infeasible candidates, as decision events report them.
+    pub fn counts(&self) -> (u32, u32) {
+        let u = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        (
+            u(self.feasible),
+            u(self.len().saturating_sub(self.feasible)),
+        )
+    }
+
     /// The infeasible candidates with their estimates (and reasons), submission order.
     pub fn infeasible(&self) -> impl Iterator<Item = (&Candidate, &Estimate)> {
         self.iter().filter(|(_, e)| !e.feasible())

@@ -288,6 +288,12 @@ impl RouterCounts {
         self.offered + self.assigned
     }
 
+    /// Accepted requests that have not ended: in flight, or waiting for KV pages (a
+    /// drain serves those as pages free, or cancels them at its deadline).
+    pub fn unfinished(&self) -> u64 {
+        self.waiting + self.in_flight()
+    }
+
     fn slot(&mut self, phase: Phase) -> &mut u64 {
         match phase {
             Phase::Waiting => &mut self.waiting,

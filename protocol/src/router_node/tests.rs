@@ -453,6 +453,14 @@ fn a_request_short_of_pages_waits_and_is_offered_when_a_heartbeat_shows_room() {
     let id: RequestId = "r1".into();
     assert_eq!(n.router().phase(&id), Some(Phase::Waiting));
     assert_eq!(n.router().counts().waiting, 1);
+    // A drain waits for it: it is accepted work, though nothing is in flight.
+    assert_eq!(
+        (
+            n.router().counts().in_flight(),
+            n.router().counts().unfinished()
+        ),
+        (0, 1)
+    );
     let record = n
         .router()
         .record(&id)
@@ -484,6 +492,7 @@ fn a_request_short_of_pages_waits_and_is_offered_when_a_heartbeat_shows_room() {
     assert_eq!(record.candidates.feasible_count(), 1);
     assert_eq!(n.router().phase(&id), Some(Phase::Offered));
     assert_eq!(n.router().counts().waiting, 0);
+    assert_eq!(n.router().counts().unfinished(), 1);
 }
 
 #[test]

@@ -250,16 +250,13 @@ impl RouterActor {
         }
     }
 
-    /// During shutdown: true once nothing is in flight (cancelling what is left at the
-    /// drain deadline).
+    /// During shutdown: true once no accepted request is unfinished, waiting for pages
+    /// included (cancelling what is left at the drain deadline).
     fn shutdown_done(&mut self) -> bool {
         let Some((deadline, _)) = &self.shutdown else {
             return false;
         };
-        // Requests waiting for pages count too: they are accepted work (the drain serves
-        // them as pages free, or cancels them at its deadline, never drops them).
-        let unfinished = |c: den_protocol::router::RouterCounts| c.in_flight() + c.waiting;
-        if unfinished(self.node.router().counts()) == 0 {
+        if self.node.router().counts().unfinished() == 0 {
             return true;
         }
         if Instant::now() >= *deadline && !self.cancelled_for_shutdown {
@@ -273,7 +270,7 @@ impl RouterActor {
                 self.drive(NodeInput::Cancel { request });
             }
             self.flush_feed();
-            return unfinished(self.node.router().counts()) == 0;
+            return self.node.router().counts().unfinished() == 0;
         }
         false
     }

@@ -102,14 +102,15 @@ impl Router {
         }
         let snapshot = CandidateSnapshot::score(&e.request, candidates);
         let waited_ms = now.since(e.record.submitted_at);
+        let (feasible, infeasible) = snapshot.counts();
         decision(
             out,
             request,
             now,
             DecisionEventKind::Released {
                 waited_ms,
-                feasible: snapshot.feasible_count() as u32,
-                infeasible: (snapshot.len() - snapshot.feasible_count()) as u32,
+                feasible,
+                infeasible,
             },
         );
         e.record.candidates = snapshot;
@@ -137,13 +138,14 @@ impl Router {
         let snapshot = CandidateSnapshot::score(&request, candidates);
         let deadline = deadline.unwrap_or(now + self.config.default_deadline_ms);
         let id = request.id.clone();
+        let (feasible, infeasible) = snapshot.counts();
         decision(
             out,
             &id,
             now,
             DecisionEventKind::Submitted {
-                feasible: snapshot.feasible_count() as u32,
-                infeasible: (snapshot.len() - snapshot.feasible_count()) as u32,
+                feasible,
+                infeasible,
                 deadline,
             },
         );
