@@ -5,7 +5,8 @@
 use std::time::Duration;
 
 use den_tests::agents::{
-    Router, SLOW_PREFILL, Worker, body, metric, prompt, start_router, start_worker, wait_for,
+    GenerationStream, Router, SLOW_PREFILL, Worker, body, metric, prompt, start_router,
+    start_worker, wait_for,
 };
 
 /// Prefill is declared expensive (4 ms per uncached token) so a cache hit is
@@ -477,17 +478,13 @@ async fn evict_resident(router: &Router, worker: &Worker, id: &str) {
 /// One worker of 256 pages × 16 tokens with slow (20 ms) decode steps; "hog", a
 /// `hog_prompt`-token prompt generating `hog_new` tokens, holds most of its pages, and
 /// "held" (600 tokens, 38 pages) is sent once a heartbeat shows fewer than that free.
-/// Returns the hog's stream, held's whole response (a task) and held's record once the
-/// router holds it waiting.
+/// Returns both streams (the router answers "held" at once and streams it when it is
+/// served) and held's record once the router holds it waiting.
 async fn hog_then_held(
     router: &Router,
     hog_prompt: usize,
     hog_new: u32,
-) -> (
-    den_tests::agents::GenerationStream,
-    tokio::task::JoinHandle<String>,
-    serde_json::Value,
-) {
+) -> (GenerationStream, GenerationStream, serde_json::Value) {
     let mut hog = router
         .stream(body("hog", &prompt(5, hog_prompt), hog_new))
         .await;
@@ -501,20 +498,7 @@ async fn hog_then_held(
         },
     )
     .await;
-    let held = {
-        let url = router.url.clone();
-        tokio::spawn(async move {
-            den_tests::agents::client()
-                .post(format!("{url}/v1/generate"))
-                .json(&body("held", &prompt(6, 600), 8))
-                .send()
-                .await
-                .expect("POST held")
-                .text()
-                .await
-                .expect("held body")
-        })
-    };
+    let held = router.stream(body("held", &prompt(6, 600), 8)).await;
     let record = wait_for("held to wait", Duration::from_secs(10), || async {
         let r = router.record("held").await;
         (r["request"] == "held").then_some(r)
@@ -523,17 +507,14 @@ async fn hog_then_held(
     (hog, held, record)
 }
 
-/// The last NDJSON line of a whole `/v1/generate` response.
-async fn last_line(
-    response: tokio::task::JoinHandle<String>,
-    within: Duration,
-) -> serde_json::Value {
-    let lines = tokio::time::timeout(within, response)
-        .await
-        .expect("the response ends")
-        .expect("response task");
-    serde_json::from_str(lines.lines().last().unwrap_or(""))
-        .unwrap_or_else(|e| panic!("the last line is not JSON ({e}): {lines}"))
+/// How `stream` ends (its terminal line), within `within`.
+async fn terminal(mut stream: GenerationStream, within: Duration) -> serde_json::Value {
+    tokio::time::timeout(within, async {
+        while stream.next_line().await.is_some() {}
+        stream.finish().terminal
+    })
+    .await
+    .expect("the stream ends")
 }
 
 /// A request no worker has the KV pages for right now waits in the router, and while it
@@ -570,7 +551,7 @@ async fn agents_a_request_waiting_for_pages_has_a_record_and_can_be_cancelled() 
 
     let resp = router.post("/v1/requests/held/cancel").await;
     assert_eq!(resp.status(), 202);
-    let last = last_line(held, Duration::from_secs(10)).await;
+    let last = terminal(held, Duration::from_secs(10)).await;
     assert_eq!(last["type"], "cancelled", "{last}");
     let record = router.record("held").await;
     assert_eq!(record["outcome"]["kind"], "cancelled", "{record}");
@@ -605,7 +586,7 @@ async fn agents_a_draining_router_serves_a_request_waiting_for_pages() {
     router.proc.signal("TERM");
     while hog.next_line().await.is_some() {}
     assert_eq!(hog.finish().kind(), "completed");
-    let last = last_line(held, Duration::from_secs(20)).await;
+    let last = terminal(held, Duration::from_secs(20)).await;
     assert_eq!(last["type"], "completed", "{last}");
     assert_eq!(router.proc.wait_exit(Duration::from_secs(15)), Some(0));
 }
