@@ -508,17 +508,41 @@ mod tests {
     }
 
     /// `--max-waiting` is a setting of den-agent's router, not a study step: the table
-    /// still names the router, and `--max-waiting 0` refuses instead of holding.
+    /// still names the router, and it reaches the router. On one worker of 8 pages × 16
+    /// tokens, prompts ÷16, the second request (69 tokens) cannot fit beside the first
+    /// (94): it waits in the router by default, and `--max-waiting 0` refuses it instead
+    /// (the simulated client sends it again later).
     #[test]
     fn max_waiting_is_the_routers_setting() {
         let dir = tempfile::tempdir().unwrap();
-        let a = SimulateArgs {
-            policies: "den".into(),
-            max_waiting: Some(0),
-            ..args(write(&dir, "t.jsonl", &tiny_trace()))
+        let committed = format!(
+            "{}/profiles/smollm2-cpu-ssd16.json",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let mut profile: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(committed).unwrap()).unwrap();
+        profile["pages"] = 8.into();
+        let profile = write(&dir, "small.json", &profile.to_string());
+        let report = |max_waiting: Option<usize>| {
+            let a = SimulateArgs {
+                policies: "den".into(),
+                workers: "1".into(),
+                profile: profile.display().to_string(),
+                max_waiting,
+                length_scale: 16.0,
+                ..args(write(&dir, "t.jsonl", &tiny_trace()))
+            };
+            let text = run(&a).unwrap();
+            assert!(text.starts_with("den = den-agent's router"), "{text}");
+            let v: serde_json::Value =
+                serde_json::from_str(&run(&SimulateArgs { json: true, ..a }).unwrap()).unwrap();
+            let p = &v[0]["report"]["policies"][0];
+            // A zero count is left out of the JSON.
+            let n = |k: &str| p[k].as_u64().unwrap_or(0);
+            (n("waited_requests"), n("refused_requests"))
         };
-        let text = run(&a).unwrap();
-        assert!(text.starts_with("den = den-agent's router"), "{text}");
+        assert_eq!(report(None), (1, 0));
+        assert_eq!(report(Some(0)), (0, 1));
     }
 
     /// The profiles BENCHMARKS.md's exact tables replay: they must keep parsing as the
