@@ -199,7 +199,8 @@ impl Model {
                     format!("route {id} waits for KV pages: no worker has room for it now"),
                 );
             } else if was_waiting && record.waited_ms > 0 {
-                let waited = format!("{:.1} s", record.waited_ms as f64 / 1000.0);
+                // As the route's detail view writes it.
+                let waited = crate::ui::cells::ms(record.waited_ms as f64);
                 self.log_line(
                     at,
                     Some(source),

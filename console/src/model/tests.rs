@@ -777,6 +777,6 @@ fn a_request_waiting_for_pages_is_a_live_route_until_it_leaves_the_wait() {
         .collect();
     assert_eq!(lines.len(), 3, "{lines:?}");
     assert!(lines[0].contains("waits for KV pages"), "{lines:?}");
-    assert!(lines[1].contains("waited 0.1 s for KV pages"), "{lines:?}");
+    assert!(lines[1].contains("waited 100ms for KV pages"), "{lines:?}");
     assert!(lines[2].contains("failed: no feasible worker"), "{lines:?}");
 }
