@@ -80,7 +80,12 @@ fn run() -> Result<(), String> {
             "release"
         }
     );
-    let median = rt.block_on(latency(n_latency))?;
+    // The client loop is a task on the agents' runtime, as the OpenAI ingress's request
+    // handlers are: driven from `block_on` on the main thread instead, every delivery
+    // would also wake a thread outside the runtime, which no deployment has.
+    let median = rt
+        .block_on(async { tokio::spawn(latency(n_latency)).await })
+        .map_err(|e| format!("latency task: {e}"))??;
     // After the agents are gone, so the reference runs on a quiet machine as den did.
     let (tcp, handoff) = machine_round_trips(n_latency)?;
     println!(

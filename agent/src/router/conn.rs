@@ -28,6 +28,9 @@ use crate::router::identity::Admission;
 /// Frames buffered towards one worker; a full queue is a send failure (detach).
 pub const OUTBOUND_QUEUE: usize = 4096;
 
+/// Frames written with one flush at most (what is queued when the writer wakes).
+const WRITE_BATCH: usize = 64;
+
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// WebSocket close code 1008: policy violation.
 const POLICY: u16 = 1008;
@@ -109,33 +112,48 @@ pub async fn serve(socket: WebSocket, handle: RouterHandle) {
     // --- writer --------------------------------------------------------------------------
     let metrics = Arc::clone(handle.metrics());
     let writer = tokio::spawn(async move {
-        while let Some(out) = rx.recv().await {
-            match out {
-                Outbound::Frame(text) => {
-                    if sink.send(Message::text(text)).await.is_err() {
-                        return;
+        while let Some(first) = rx.recv().await {
+            // Every frame already queued goes out in one write (a token and the result
+            // that follows it, a burst of offers): one syscall and one segment, not one
+            // each.
+            let mut next = Some(first);
+            let mut fed = 0;
+            while let Some(out) = next.take() {
+                let (reason, detail) = match out {
+                    Outbound::Frame(text) => {
+                        if sink.feed(Message::text(text)).await.is_err() {
+                            return;
+                        }
+                        fed += 1;
+                        if fed < WRITE_BATCH {
+                            next = rx.try_recv().ok();
+                        }
+                        continue;
                     }
-                }
-                Outbound::Refuse { reason, detail } => {
-                    metrics.counter_add(
-                        "den_router_refused_total",
-                        "Worker connections refused or closed for a protocol violation, by reason.",
-                        &[("reason", reason_label(reason))],
-                        1.0,
-                    );
-                    let refused = RouterHandshake::Refused(Refused {
-                        reason,
-                        detail: detail.clone(),
-                    });
-                    let _ = send_frame(&mut sink, &refused).await;
-                    let _ = sink
-                        .send(Message::Close(Some(CloseFrame {
-                            code: POLICY,
-                            reason: close_reason(&detail).into(),
-                        })))
-                        .await;
-                    return;
-                }
+                    Outbound::Refuse { reason, detail } => (reason, detail),
+                };
+                metrics.counter_add(
+                    "den_router_refused_total",
+                    "Worker connections refused or closed for a protocol violation, by reason.",
+                    &[("reason", reason_label(reason))],
+                    1.0,
+                );
+                let refused = RouterHandshake::Refused(Refused {
+                    reason,
+                    detail: detail.clone(),
+                });
+                // Sent after (and flushed with) the frames fed before it.
+                let _ = send_frame(&mut sink, &refused).await;
+                let _ = sink
+                    .send(Message::Close(Some(CloseFrame {
+                        code: POLICY,
+                        reason: close_reason(&detail).into(),
+                    })))
+                    .await;
+                return;
+            }
+            if sink.flush().await.is_err() {
+                return;
             }
         }
         let _ = sink.send(Message::Close(None)).await;

@@ -24,6 +24,9 @@ use crate::worker::faults::{Faults, Outbound};
 /// Frames buffered towards the router before the connection counts as stuck.
 pub const OUTBOUND_QUEUE: usize = 4096;
 
+/// Frames written with one flush at most (what is queued when the writer wakes).
+const WRITE_BATCH: usize = 64;
+
 const BACKOFF_START: Duration = Duration::from_millis(100);
 const BACKOFF_CAP: Duration = Duration::from_secs(5);
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -290,7 +293,7 @@ where
             }
         }
         let sent = match mode {
-            Outbound::AsIs | Outbound::Delay => sink.send(Message::text(text)).await,
+            Outbound::AsIs | Outbound::Delay => send_queued(&mut sink, text, &mut rx).await,
             Outbound::Duplicate => match sink.send(Message::text(text.clone())).await {
                 Ok(()) => sink.send(Message::text(text)).await,
                 Err(e) => Err(e),
@@ -312,6 +315,26 @@ where
     }
     let _ = sink.send(Message::Close(None)).await;
     let _ = sink.close().await;
+}
+
+/// Sends `first` and every frame already queued behind it with one flush (a token and
+/// the result that follows it): one write and one segment, not one each.
+async fn send_queued<S>(
+    sink: &mut S,
+    first: String,
+    rx: &mut mpsc::Receiver<String>,
+) -> Result<(), WsError>
+where
+    S: futures_util::Sink<Message, Error = WsError> + Unpin,
+{
+    sink.feed(Message::text(first)).await?;
+    for _ in 1..WRITE_BATCH {
+        match rx.try_recv() {
+            Ok(text) => sink.feed(Message::text(text)).await?,
+            Err(_) => break,
+        }
+    }
+    sink.flush().await
 }
 
 /// Decode a text or binary frame; `None` for control frames.

@@ -17,7 +17,8 @@
 //!   are removed (so a quiet simulation has nothing left to happen);
 //! - operations take their declared cost, rounded up to whole ticks (§7.1):
 //!   restore `max(queue, load) + gpu_restore`; prefill `(gpu or nothing cached ?
-//!   max(queue, load) : 0) + missing × prefill/token`; decode streams token `i` at
+//!   max(queue, load) : 0) + missing × prefill/token`; decode (started, or continuing a
+//!   prefill from when its `Prefilled` reaches the worker) streams token `i` at
 //!   `first_token + i × decode_ms_per_token` and returns the result with the last token
 //!   (tokens: the request's simulated output, else `1_000_000 + i`, at most `max_new`);
 //!   all simulated operations succeed; a cancelled operation still runs to its end
@@ -38,11 +39,11 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use crate::candidate::Candidate;
-use crate::ids::{Epoch, ModelFingerprint, RequestId, WorkerId};
+use crate::ids::{AssignmentId, Epoch, ModelFingerprint, RequestId, WorkerId};
 use crate::request::{GenerationRequest, Token};
 use crate::router::{Delivery, DeliveryKind, Router, RouterConfig, RouterInput};
 use crate::time::Millis;
-use crate::worker::{Counters, Worker};
+use crate::worker::{Counters, Operation, Worker};
 
 pub use demo::{demo, sim7_routing_view, sim7_worker};
 pub use narrate::narrate;
@@ -115,6 +116,10 @@ pub struct Simulation {
     paused: BTreeSet<WorkerId>,
     blocked: BTreeSet<(Endpoint, Endpoint)>,
     link_faults: Vec<LinkFault>,
+    /// Prefills whose decode starts when their `Prefilled` is delivered: the device's
+    /// events reach its worker in order, which a paused worker's re-queued events would
+    /// not keep if the decode's were queued up front.
+    chained: BTreeMap<AssignmentId, Operation>,
     /// Events delivered so far.
     delivered: u64,
     /// Deliveries at the current time (livelock guard).
@@ -141,6 +146,7 @@ impl Simulation {
             paused: BTreeSet::new(),
             blocked: BTreeSet::new(),
             link_faults: Vec::new(),
+            chained: BTreeMap::new(),
             delivered: 0,
             deliveries_this_tick: 0,
         }

@@ -6,6 +6,7 @@ use super::{Response, Simulation};
 use crate::candidate::Tier;
 use crate::ids::{AssignmentId, WorkerId};
 use crate::router::{LocalRouterEffect, RouterEffect, RouterInput};
+use crate::time::Millis;
 use crate::time::ceil_ms;
 use crate::wire::StopReason;
 use crate::worker::{
@@ -41,6 +42,13 @@ impl Simulation {
                 }
             }
             SimEvent::Engine { worker, input } => {
+                let chain = match &input {
+                    WorkerInput::OperationDone {
+                        assignment,
+                        outcome: OperationOutcome::Prefilled,
+                    } if !self.paused.contains(&worker) => self.chained.remove(assignment),
+                    _ => None,
+                };
                 if !self.workers.contains_key(&worker) {
                     self.push_trace(TraceEvent::MissingWorker { worker });
                 } else if self.paused.contains(&worker) {
@@ -48,6 +56,10 @@ impl Simulation {
                     self.queue.push(due, SimEvent::Engine { worker, input });
                 } else {
                     self.worker_step(&worker, input);
+                    // The device goes on to the decode (`OperationKind::Prefill`).
+                    if let Some(op) = chain {
+                        self.schedule_decode(&op, self.now);
+                    }
                 }
             }
             SimEvent::Timer { input } => self.router_step(input),
@@ -229,35 +241,47 @@ impl Simulation {
                     0.0
                 };
                 let due = self.now + ceil_ms(wait + missing * c.prefill_ms_per_token);
-                self.queue
-                    .push(due, engine(done(assignment, OperationOutcome::Prefilled)));
+                self.queue.push(
+                    due,
+                    engine(done(assignment.clone(), OperationOutcome::Prefilled)),
+                );
+                self.chained.insert(assignment, op);
             }
-            OperationKind::Decode => {
-                let request = &op.work.request;
-                let max_new = request.max_new_tokens as usize;
-                let tokens: Vec<u32> = match &request.simulated_output {
-                    Some(out) => out.iter().copied().take(max_new).collect(),
-                    None => (0..request.max_new_tokens)
-                        .map(|i| 1_000_000u32.saturating_add(i))
-                        .collect(),
-                };
-                let first = c.first_token_ms;
-                let per_token = self.config.decode_ms_per_token;
-                let mut last = self.now + ceil_ms(first);
-                for (i, token) in tokens.iter().enumerate() {
-                    last = self.now + ceil_ms(first + i as f64 * per_token);
-                    let input = WorkerInput::Token {
-                        assignment: assignment.clone(),
-                        token: *token,
-                        index: i as u32,
-                    };
-                    self.queue.push(last, engine(input));
-                }
-                let stop = StopReason::Length;
-                let outcome = OperationOutcome::Decoded { tokens, stop };
-                self.queue.push(last, engine(done(assignment, outcome)));
-            }
+            OperationKind::Decode => self.schedule_decode(&op, self.now),
         }
+    }
+
+    /// A decode's tokens and result, starting at `start` (now, or when the prefill it
+    /// continues ends: `OperationKind::Prefill` chains into it).
+    fn schedule_decode(&mut self, op: &Operation, start: Millis) {
+        let engine = |input| SimEvent::Engine {
+            worker: op.worker.clone(),
+            input,
+        };
+        let assignment = op.work.assignment.clone();
+        let request = &op.work.request;
+        let max_new = request.max_new_tokens as usize;
+        let tokens: Vec<u32> = match &request.simulated_output {
+            Some(out) => out.iter().copied().take(max_new).collect(),
+            None => (0..request.max_new_tokens)
+                .map(|i| 1_000_000u32.saturating_add(i))
+                .collect(),
+        };
+        let first = op.work.candidate.first_token_ms;
+        let per_token = self.config.decode_ms_per_token;
+        let mut last = start + ceil_ms(first);
+        for (i, token) in tokens.iter().enumerate() {
+            last = start + ceil_ms(first + i as f64 * per_token);
+            let input = WorkerInput::Token {
+                assignment: assignment.clone(),
+                token: *token,
+                index: i as u32,
+            };
+            self.queue.push(last, engine(input));
+        }
+        let stop = StopReason::Length;
+        let outcome = OperationOutcome::Decoded { tokens, stop };
+        self.queue.push(last, engine(done(assignment, outcome)));
     }
 
     pub(super) fn push_trace(&mut self, event: TraceEvent) {

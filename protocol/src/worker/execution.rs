@@ -60,8 +60,19 @@ impl<C: Capacity> Worker<C> {
         if a.in_flight != Some(kind) {
             return; // stale or duplicate result
         }
-        a.in_flight = None;
         let elapsed = Some(now.since(a.op_started_at));
+        if matches!(outcome, OperationOutcome::Prefilled) {
+            // The device goes straight on to the decode (`OperationKind::Prefill`): it is
+            // in flight now, cancelled or not, and its outcome is what releases the pages.
+            a.timings.prefill_ms = elapsed;
+            a.in_flight = Some(OperationKind::Decode);
+            a.op_started_at = now;
+            if a.phase != AssignmentPhase::Cancelling {
+                a.phase = AssignmentPhase::Decoding;
+            }
+            return;
+        }
+        a.in_flight = None;
         if a.phase == AssignmentPhase::Cancelling {
             // Quiescent at last: now the reservation can go.
             self.drop_cancelled(now, assignment, out);
@@ -81,10 +92,8 @@ impl<C: Capacity> Worker<C> {
                 };
                 out.push(self.start(now, assignment, next));
             }
-            OperationOutcome::Prefilled => {
-                a.timings.prefill_ms = elapsed;
-                out.push(self.start(now, assignment, OperationKind::Decode));
-            }
+            // Handled above: the decode is already running.
+            OperationOutcome::Prefilled => {}
             OperationOutcome::Decoded { tokens, stop } => {
                 a.timings.decode_ms = elapsed;
                 self.complete(now, assignment, tokens, stop, out);

@@ -109,6 +109,13 @@ impl From<RouterMessage> for WorkerInput {
 #[serde(rename_all = "kebab-case")]
 pub enum OperationKind {
     Restore,
+    /// Computes the missing prompt rows, then **continues into the decode of the same
+    /// work on the device**, with no second `Start`: the runtime reports `Prefilled` when
+    /// the rows are in and then exactly one decode outcome (a `Decoded`, or a decode
+    /// `Failed` — also when the decode was cancelled before it began). Chaining keeps the
+    /// first token in the step right after the prompt's last rows (a batching device that
+    /// waited for a second `Start` would run a whole step without it) and spares every
+    /// request a device → worker → device round trip.
     Prefill,
     Decode,
 }
@@ -159,7 +166,8 @@ pub enum WorkerEffect {
 #[must_use = "an effect is a decision to carry out, not a value to drop"]
 pub enum LocalWorkerEffect {
     /// Run an operation; report it with [`WorkerInput::OperationDone`] (and, for decode,
-    /// each token with [`WorkerInput::Token`]).
+    /// each token with [`WorkerInput::Token`]). A prefill continues into its decode
+    /// ([`OperationKind::Prefill`]).
     Start(Operation),
     /// Stop the in-flight operation of a cancelled assignment if possible. Its result must
     /// still be reported: that is when the reservation is released.

@@ -118,6 +118,15 @@ fn run(w: &mut PoolWorker, op: &Operation, restored: u32, output: &[u32]) -> Vec
             outcome,
         },
     ));
+    if op.kind == OperationKind::Prefill {
+        // A prefill continues into its decode with no second `Start`.
+        assert!(started(&effects).is_empty(), "no Start after Prefilled");
+        let decode = Operation {
+            kind: OperationKind::Decode,
+            ..op.clone()
+        };
+        effects.extend(run(w, &decode, restored, output));
+    }
     effects
 }
 
@@ -145,14 +154,8 @@ fn l_1_accepted_work_runs_restore_prefill_decode_on_its_reservation() {
         last = run(&mut w, &op, 1, &[9, 10]);
         ops.extend(started(&last));
     }
-    assert_eq!(
-        kinds,
-        [
-            OperationKind::Restore,
-            OperationKind::Prefill,
-            OperationKind::Decode
-        ]
-    );
+    // The prefill went on into the decode (`run` checks that nothing was started).
+    assert_eq!(kinds, [OperationKind::Restore, OperationKind::Prefill]);
     let result = result(&last).unwrap();
     assert_eq!(
         (
@@ -198,7 +201,9 @@ fn l_3_gpu_offer_forks_the_prefix_and_starts_prefilling() {
         w.capacity().route(&r("shared-prefix")).unwrap().pages()
     );
 
-    // Cancel with the prefill pending, then the task runs: nothing reserved afterwards.
+    // Cancel with the prefill pending, then the task runs: its pages stay reserved
+    // through `Prefilled` (the device goes on into the decode, which may already be
+    // writing them) and go when the decode's outcome comes back.
     assert_eq!(started(&effects)[0].kind, OperationKind::Prefill);
     let _ = w.handle(
         Millis(1),
@@ -207,11 +212,23 @@ fn l_3_gpu_offer_forks_the_prefix_and_starts_prefilling() {
         }),
     );
     assert_eq!(w.capacity().reserved_count(), 2);
-    let _ = w.handle(
+    let effects = w.handle(
         Millis(2),
         WorkerInput::OperationDone {
-            assignment: a,
+            assignment: a.clone(),
             outcome: OperationOutcome::Prefilled,
+        },
+    );
+    assert!(effects.is_empty(), "{effects:?}");
+    assert_eq!(w.capacity().reserved_count(), 2);
+    let _ = w.handle(
+        Millis(3),
+        WorkerInput::OperationDone {
+            assignment: a,
+            outcome: OperationOutcome::Failed {
+                operation: OperationKind::Decode,
+                detail: "cancelled".into(),
+            },
         },
     );
     assert_eq!(w.capacity().reserved_count(), 0);

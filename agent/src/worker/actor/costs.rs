@@ -5,21 +5,27 @@
 use super::*;
 
 impl Actor {
-    /// Declared cost of an operation with the current calibration (for `queue_ms`).
+    /// Declared cost of an operation with the current calibration (for `queue_ms`). A
+    /// prefill's job goes on into its decode on the device, so it carries both.
     pub(super) fn predict(&self, op: &Operation) -> f64 {
-        self.predict_kind(op.kind, &op.work)
+        match op.kind {
+            OperationKind::Prefill => {
+                self.predict_kind(OperationKind::Prefill, &op.work)
+                    + self.predict_kind(OperationKind::Decode, &op.work)
+            }
+            kind => self.predict_kind(kind, &op.work),
+        }
     }
 
     /// Declared cost of the operations `op`'s assignment queues after it (a restore is
-    /// followed by the prefill of the missing tokens, a prefill by the decode).
+    /// followed by the prefill of the missing tokens and the decode it goes on into).
     pub(super) fn still_to_queue(&self, op: &Operation) -> f64 {
         match op.kind {
             OperationKind::Restore => {
                 self.predict_kind(OperationKind::Prefill, &op.work)
                     + self.predict_kind(OperationKind::Decode, &op.work)
             }
-            OperationKind::Prefill => self.predict_kind(OperationKind::Decode, &op.work),
-            OperationKind::Decode => 0.0,
+            OperationKind::Prefill | OperationKind::Decode => 0.0,
         }
     }
 

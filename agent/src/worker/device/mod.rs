@@ -53,6 +53,8 @@ use crate::worker::meters::{Calibration, QueueMeter};
 use crate::worker::pool::SharedPool;
 use crate::worker::store::{BadReplica, Tiers};
 
+#[cfg(test)]
+mod chain_tests;
 mod restore;
 mod scheduler;
 

@@ -208,11 +208,20 @@ impl Device<'_, '_> {
             if active[i].decoding.is_none() {
                 let processed = active[i].op.work.request.processed();
                 if self.route_len(&active[i].op.work.route) >= processed {
+                    if active[i].op.kind == OperationKind::Prefill {
+                        // The prompt is in: say so, and go on into the decode in this
+                        // very step (`OperationKind::Prefill` chains them), not a step
+                        // later after a round trip through the worker actor.
+                        let _ = self.ctx.events.send(DeviceEvent::Done {
+                            assignment: active[i].op.work.assignment.clone(),
+                            outcome: OperationOutcome::Prefilled,
+                        });
+                        active[i].op.kind = OperationKind::Decode;
+                    }
                     match self.filled(&active[i]) {
-                        Ok(None) => self.retire(active, i, OperationOutcome::Prefilled),
                         // The synthetic engine produces exactly `max_new_tokens`; a model
                         // samples at least one (its generation's own limit).
-                        Ok(Some(d))
+                        Ok(d)
                             if matches!(d.generator, Generator::Synthetic { .. })
                                 && active[i].op.work.request.max_new_tokens == 0 =>
                         {
@@ -222,7 +231,7 @@ impl Device<'_, '_> {
                             };
                             self.retire(active, i, done);
                         }
-                        Ok(Some(d)) => active[i].decoding = Some(d),
+                        Ok(d) => active[i].decoding = Some(d),
                         Err(stop) => {
                             let kind = active[i].op.kind;
                             self.retire(active, i, stopped(kind, stop));
@@ -440,12 +449,8 @@ impl Device<'_, '_> {
         }
     }
 
-    /// What a filled assignment does next: a prefill is done (`None`); a decode starts
-    /// generating.
-    fn filled(&self, a: &Active) -> Result<Option<Decoding>, Stop> {
-        if a.op.kind != OperationKind::Decode {
-            return Ok(None);
-        }
+    /// A decode whose prompt rows are all there starts generating.
+    fn filled(&self, a: &Active) -> Result<Decoding, Stop> {
         let request = &a.op.work.request;
         let consumed = request
             .tokens
@@ -470,11 +475,11 @@ impl Device<'_, '_> {
                 Generator::Model(Box::new(generation))
             }
         };
-        Ok(Some(Decoding {
+        Ok(Decoding {
             generator,
             out: Vec::with_capacity((request.max_new_tokens as usize).min(4096)),
             consumed,
-        }))
+        })
     }
 
     /// The step's rows ([`plan_step`] over the scheduler's state).
