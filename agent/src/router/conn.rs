@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 use den_protocol::discovery::ConnectionId;
 use den_protocol::wire::{
     CodecError, PROTOCOL_VERSION, RefusalReason, Refused, RouterHandshake, ToRouter, Welcome,
-    decode_for_router, encode,
+    decode_for_router, encode_text,
 };
 
 use crate::router::RouterHandle;
@@ -275,10 +275,8 @@ async fn send_frame<S>(sink: &mut S, frame: &RouterHandshake) -> Result<(), ()>
 where
     S: SinkExt<Message> + Unpin,
 {
-    let bytes = encode(frame).map_err(|_| ())?;
-    sink.send(Message::text(String::from_utf8_lossy(&bytes).into_owned()))
-        .await
-        .map_err(|_| ())
+    let text = encode_text(frame).map_err(|_| ())?;
+    sink.send(Message::text(text)).await.map_err(|_| ())
 }
 
 fn frame_bytes(msg: &Message) -> Option<&[u8]> {

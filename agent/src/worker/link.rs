@@ -15,7 +15,7 @@ use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 
 use den_protocol::ids::WorkerId;
-use den_protocol::wire::{Hello, ToRouter, Welcome, WorkerInbound, decode_for_worker, encode};
+use den_protocol::wire::{Hello, ToRouter, Welcome, WorkerInbound, decode_for_worker, encode_text};
 
 use crate::auth::Token;
 use crate::metrics::Metrics;
@@ -167,8 +167,8 @@ async fn session(
         Ok(Ok(ws)) => ws,
     };
     let (mut sink, mut stream) = ws.split();
-    let hello = encode(&ToRouter::Hello(opts.hello.clone())).map_err(|e| e.to_string())?;
-    sink.send(Message::text(String::from_utf8_lossy(&hello).into_owned()))
+    let hello = encode_text(&ToRouter::Hello(opts.hello.clone())).map_err(|e| e.to_string())?;
+    sink.send(Message::text(hello))
         .await
         .map_err(|e| format!("sending hello failed: {e}"))?;
     let me = &opts.hello.worker_id;

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
+use super::hot;
 use super::{
     Cancel, Control, Heartbeat, Hello, ModelArtifact, Offer, OfferResult, PROTOCOL_VERSION,
     PlaceRunner, Publish, PublishedChunk, Refused, RemoveRunner, ResultMessage, ResultStatus,
@@ -92,12 +93,25 @@ pub fn encode<M: WireMessage>(message: &M) -> Result<Vec<u8>, CodecError> {
     })
 }
 
+/// Encode a frame as JSON text, for a WebSocket text message (no second copy to check
+/// that JSON is UTF-8: it always is).
+pub fn encode_text<M: WireMessage>(message: &M) -> Result<String, CodecError> {
+    serde_json::to_string(message).map_err(|e| CodecError::Encode {
+        detail: one_line(&e.to_string()),
+    })
+}
+
 /// Decode a frame arriving at worker `me`.
 pub fn decode_for_worker(
     bytes: &[u8],
     max_frame: usize,
     me: &WorkerId,
 ) -> Result<WorkerInbound, CodecError> {
+    if bytes.len() <= max_frame
+        && let Some(frame) = hot::for_worker(bytes, me)
+    {
+        return Ok(frame);
+    }
     let (ty, mut obj) = open(bytes, max_frame)?;
     match ty.as_str() {
         "offer" | "cancel" => {
@@ -189,7 +203,7 @@ pub fn decode_for_worker(
 /// Decode a frame arriving at the router.
 pub fn decode_for_router(bytes: &[u8], max_frame: usize) -> Result<ToRouter, CodecError> {
     if bytes.len() <= max_frame
-        && let Some(frame) = fast_for_router(bytes)
+        && let Some(frame) = hot::for_router(bytes)
     {
         return Ok(frame);
     }
@@ -286,41 +300,6 @@ pub fn decode_for_router(bytes: &[u8], max_frame: usize) -> Result<ToRouter, Cod
     }
 }
 
-/// The fields of the frames a router receives most — a heartbeat per worker per
-/// interval, a token per streamed delta — read in one pass straight into their types
-/// (other fields are skipped).
-#[derive(serde::Deserialize)]
-struct HotFrame<'a> {
-    #[serde(rename = "type", borrow)]
-    ty: std::borrow::Cow<'a, str>,
-    observation: Option<crate::observation::Observation>,
-    assignment: Option<AssignmentId>,
-    token: Option<crate::request::Token>,
-    index: Option<u32>,
-}
-
-/// Heartbeats and tokens without building a JSON tree first: well under half the
-/// field-by-field path's cost. Only a valid frame is decoded here; anything else returns
-/// `None` and takes the field-by-field path, which names what was wrong — so the errors
-/// and the accepted frames are exactly that path's.
-fn fast_for_router(bytes: &[u8]) -> Option<ToRouter> {
-    let f: HotFrame = serde_json::from_slice(bytes).ok()?;
-    match (&*f.ty, f.observation, f.assignment, f.token, f.index) {
-        ("heartbeat", Some(observation), ..) => {
-            Some(ToRouter::Heartbeat(Box::new(Heartbeat { observation })))
-        }
-        ("token", _, Some(assignment), Some(token), Some(index)) => {
-            valid_assignment(&assignment).ok()?;
-            Some(ToRouter::Token(TokenDelta {
-                assignment,
-                token,
-                index,
-            }))
-        }
-        _ => None,
-    }
-}
-
 // ---------------------------------------------------------------------------------------
 // Helpers
 // ---------------------------------------------------------------------------------------
@@ -374,7 +353,7 @@ fn assignment(obj: &mut Map<String, Value>) -> Result<AssignmentId, CodecError> 
     Ok(a)
 }
 
-fn valid_assignment(a: &AssignmentId) -> Result<(), CodecError> {
+pub(super) fn valid_assignment(a: &AssignmentId) -> Result<(), CodecError> {
     non_empty("assignment.request", a.request.as_str())?;
     if a.attempt == 0 {
         return Err(invalid("assignment.attempt", "attempts start at 1"));
@@ -383,7 +362,7 @@ fn valid_assignment(a: &AssignmentId) -> Result<(), CodecError> {
 }
 
 /// Candidate costs are non-negative finite numbers and the page size is positive (§1.3).
-fn validate_candidate(c: &Candidate) -> Result<(), CodecError> {
+pub(super) fn validate_candidate(c: &Candidate) -> Result<(), CodecError> {
     non_empty("candidate.worker_id", c.worker_id.as_str())?;
     let costs = [
         ("candidate.queue_ms", c.queue_ms),

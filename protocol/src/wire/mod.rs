@@ -42,6 +42,7 @@
 //! console feed are JSON too — but those are not the control channel.
 
 mod codec;
+mod hot;
 pub mod manage;
 
 use std::fmt;
@@ -59,7 +60,7 @@ use crate::request::{GenerationRequest, Token};
 
 pub use codec::{
     CodecError, Direction, MAX_NAME_BYTES, WorkerInbound, decode_for_router, decode_for_worker,
-    encode,
+    encode, encode_text,
 };
 pub use manage::{ArtifactFile, ArtifactFormat, ModelArtifact, PlaceRunner, RemoveRunner};
 

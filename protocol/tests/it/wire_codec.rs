@@ -537,8 +537,9 @@ fn codec_errors_quote_peer_input_without_escape_sequences() {
     );
 }
 
-/// Heartbeats and tokens take a one-pass decoder at the router; whatever it cannot take
-/// goes the field-by-field way, so both give the same frames and the same named errors.
+/// Heartbeats, offer results, tokens and results take a one-pass decoder at the router,
+/// offers at a worker; whatever it cannot take goes the field-by-field way, so both give
+/// the same frames and the same named errors.
 #[test]
 fn hot_frames_decode_as_the_field_by_field_path_does() {
     let hb = ToRouter::Heartbeat(Box::new(Heartbeat {
@@ -549,12 +550,47 @@ fn hot_frames_decode_as_the_field_by_field_path_does() {
         token: 17,
         index: 4,
     });
-    for f in [&hb, &token] {
+    for f in router_frames().iter().chain([&hb, &token]) {
         let mut v = value_of(&encode(f).unwrap());
         // Unknown extra fields (a newer peer's) and any key order are accepted.
         v["from_a_newer_peer"] = json!({"nested": [1, 2, 3]});
         assert_eq!(&at_router(&frame(v)).unwrap(), f);
     }
+    let offer = RouterMessage::Offer(offer());
+    let mut v = value_of(&encode(&to_near(offer.clone())).unwrap());
+    v["from_a_newer_peer"] = json!(null);
+    assert_eq!(
+        at_worker(&frame(v)).unwrap(),
+        WorkerInbound::Router(offer.clone())
+    );
+    // A declined offer must say why, and a result's failure must match its status, on
+    // either path.
+    let declined = router_frames()
+        .into_iter()
+        .find(|f| matches!(f, ToRouter::OfferResult(r) if !r.accepted))
+        .unwrap();
+    let mut no_reason = value_of(&encode(&declined).unwrap());
+    no_reason.as_object_mut().unwrap().remove("reason");
+    assert_eq!(
+        invalid_field(at_router(&frame(no_reason)).unwrap_err()).0,
+        "reason"
+    );
+    let completed = router_frames()
+        .into_iter()
+        .find(|f| matches!(f, ToRouter::Result(r) if r.result.failure.is_none()))
+        .unwrap();
+    let mut with_failure = value_of(&encode(&completed).unwrap());
+    with_failure["result"]["failure"] = json!({"kind": "decode-failed", "detail": "x"});
+    assert_eq!(
+        invalid_field(at_router(&frame(with_failure)).unwrap_err()).0,
+        "result.failure"
+    );
+    let mut other_request = value_of(&encode(&to_near(offer)).unwrap());
+    other_request["request"]["id"] = json!("someone-else");
+    assert_eq!(
+        invalid_field(at_worker(&frame(other_request)).unwrap_err()).0,
+        "request.id"
+    );
     // A field both frames name, present with the other frame's type: ignored as extra.
     let mut hb_with_token = value_of(&encode(&hb).unwrap());
     hb_with_token["token"] = json!("not a number");

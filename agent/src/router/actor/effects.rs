@@ -30,8 +30,8 @@ impl RouterActor {
         match effect {
             NodeEffect::Send { conn, frame } => {
                 let kind = frame.message.kind();
-                let text = match encode(&frame) {
-                    Ok(b) => String::from_utf8_lossy(&b).into_owned(),
+                let text = match encode_text(&frame) {
+                    Ok(t) => t,
                     Err(e) => {
                         tracing::error!("cannot encode a {kind} frame: {e}");
                         return None;

@@ -94,8 +94,8 @@ impl RouterActor {
     pub(super) fn send_controls(&mut self, frames: Vec<ControlToWorker>) {
         for frame in frames {
             let kind = frame.control.kind();
-            let text = match encode(&frame) {
-                Ok(b) => String::from_utf8_lossy(&b).into_owned(),
+            let text = match encode_text(&frame) {
+                Ok(t) => t,
                 Err(e) => {
                     tracing::error!("cannot encode a {kind} frame: {e}");
                     continue;

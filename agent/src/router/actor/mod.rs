@@ -34,7 +34,7 @@ use den_protocol::request::GenerationRequest;
 use den_protocol::router::{Delivery, DeliveryKind, RouterConfig};
 use den_protocol::router_node::{NodeConfig, NodeEffect, NodeInput, Pin, RouterNode};
 use den_protocol::time::Millis;
-use den_protocol::wire::{Control, ControlToWorker, RefusalReason, ToRouter, encode};
+use den_protocol::wire::{Control, ControlToWorker, RefusalReason, ToRouter, encode_text};
 
 use crate::metrics::{LATENCY_MS_BUCKETS, Metrics};
 use crate::router::Shared;
@@ -336,14 +336,11 @@ impl RouterActor {
                     to: worker.clone(),
                     control: Control::Drain { draining },
                 };
-                let sent = match (self.node.conn_of(&worker), encode(&frame)) {
-                    (Some(conn), Ok(bytes)) => self.conns.get(&conn).is_some_and(|c| {
-                        c.outbound
-                            .try_send(Outbound::Frame(
-                                String::from_utf8_lossy(&bytes).into_owned(),
-                            ))
-                            .is_ok()
-                    }),
+                let sent = match (self.node.conn_of(&worker), encode_text(&frame)) {
+                    (Some(conn), Ok(text)) => self
+                        .conns
+                        .get(&conn)
+                        .is_some_and(|c| c.outbound.try_send(Outbound::Frame(text)).is_ok()),
                     _ => false,
                 };
                 let _ = reply.send(sent);

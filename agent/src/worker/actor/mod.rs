@@ -36,7 +36,7 @@ use den_protocol::request::Token;
 use den_protocol::time::Millis;
 use den_protocol::wire::{
     Control, Heartbeat, Publish, Retract, RetractedChunk, ToRouter, WorkerInbound, WorkerMessage,
-    encode,
+    encode_text,
 };
 use den_protocol::worker::{
     LocalWorkerEffect, Operation, OperationKind, OperationOutcome, ReleaseCause, Work, Worker,
@@ -722,8 +722,8 @@ impl Actor {
         let Some(link) = &self.link else {
             return;
         };
-        let text = match encode(frame) {
-            Ok(b) => String::from_utf8_lossy(&b).into_owned(),
+        let text = match encode_text(frame) {
+            Ok(t) => t,
             Err(e) => {
                 tracing::error!("cannot encode a frame for the router: {e}");
                 return;
