@@ -146,7 +146,8 @@ async fn session(
     }
     let config = WebSocketConfig::default()
         .max_message_size(Some(opts.max_frame))
-        .max_frame_size(Some(opts.max_frame));
+        .max_frame_size(Some(opts.max_frame))
+        .read_buffer_size(crate::WS_READ_BUFFER);
     let connector = crate::tls::ws_connector(opts.url.as_str())?;
     let connect =
         tokio_tungstenite::connect_async_tls_with_config(request, Some(config), true, connector);
