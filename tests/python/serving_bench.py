@@ -6,8 +6,9 @@ tokens/s and inter-token latency, for BENCHMARKS.md's "Serving a real model".
 
 Each of CONCURRENCY clients streams ROUNDS completions (default 2) of 64 tokens
 (temperature 0, ignore_eos, a distinct prompt each), all started together. Prints one
-JSON line: completion tokens, wall seconds, aggregate tokens/s, and the median and p90
-gap between a stream's consecutive content chunks (ms). The same script measures den and
+JSON line: completion tokens, wall seconds, aggregate tokens/s, the median and p90
+gap between a stream's consecutive content chunks (ms), and the median and p90 time to
+the first content chunk (ms). The same script measures den and
 llama.cpp's server, one after the other, on the same machine. Standard library only.
 """
 
@@ -21,7 +22,7 @@ import urllib.request
 WORDS = ["river", "stone", "garden", "winter", "lantern", "harbour", "orchard", "meadow"]
 
 
-def stream(url, model, prompt, gaps, tokens):
+def stream(url, model, prompt, gaps, tokens, ttfts):
     body = json.dumps({
         "model": model, "prompt": prompt, "max_tokens": 64, "temperature": 0,
         "ignore_eos": True, "stream": True,
@@ -30,6 +31,7 @@ def stream(url, model, prompt, gaps, tokens):
     req = urllib.request.Request(url + "/v1/completions", data=body,
                                  headers={"Content-Type": "application/json"})
     last = None
+    sent = time.monotonic()
     with urllib.request.urlopen(req, timeout=600) as resp:
         for raw in resp:
             line = raw.decode().strip()
@@ -44,18 +46,20 @@ def stream(url, model, prompt, gaps, tokens):
                 now = time.monotonic()
                 if last is not None:
                     gaps.append((now - last) * 1e3)
+                else:
+                    ttfts.append((now - sent) * 1e3)
                 last = now
 
 
 def main():
     url, model, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
     rounds = int(sys.argv[4]) if len(sys.argv) > 4 else 2
-    gaps, tokens = [], []
+    gaps, tokens, ttfts = [], [], []
 
     def client(i):
         for r in range(rounds):
             words = " ".join(WORDS[(i + r + k) % len(WORDS)] for k in range(12))
-            stream(url, model, f"Story {i}-{r}: the {words}", gaps, tokens)
+            stream(url, model, f"Story {i}-{r}: the {words}", gaps, tokens, ttfts)
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(n)]
     t0 = time.monotonic()
@@ -65,6 +69,7 @@ def main():
         t.join()
     wall = time.monotonic() - t0
     gaps.sort()
+    ttfts.sort()
     print(json.dumps({
         "concurrency": n,
         "completion_tokens": sum(tokens),
@@ -72,6 +77,8 @@ def main():
         "tokens_per_s": round(sum(tokens) / wall, 1),
         "itl_p50_ms": round(statistics.median(gaps), 1) if gaps else None,
         "itl_p90_ms": round(gaps[int(len(gaps) * 0.9)], 1) if gaps else None,
+        "ttft_p50_ms": round(statistics.median(ttfts), 1) if ttfts else None,
+        "ttft_p90_ms": round(ttfts[int(len(ttfts) * 0.9)], 1) if ttfts else None,
     }))
 
 
