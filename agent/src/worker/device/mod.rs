@@ -55,6 +55,7 @@ use crate::worker::store::{BadReplica, Tiers};
 
 #[cfg(test)]
 mod chain_tests;
+mod queue;
 mod restore;
 mod scheduler;
 
@@ -137,14 +138,14 @@ pub struct DeviceContext {
 
 /// The handle the actor keeps: a queue into the thread.
 pub struct DeviceHandle {
-    tx: Option<std_mpsc::Sender<Job>>,
+    tx: Option<queue::JobSender>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl DeviceHandle {
     /// Queue a job; false when the thread is gone.
     pub fn submit(&self, job: Job) -> bool {
-        self.tx.as_ref().is_some_and(|tx| tx.send(job).is_ok())
+        self.tx.as_ref().is_some_and(|tx| tx.send(job))
     }
 
     /// Close the queue, let the thread finish what it has and wait for it; the memory
@@ -171,7 +172,7 @@ pub fn spawn(
     model: Option<ModelFile>,
     threads: Option<usize>,
 ) -> Result<DeviceHandle, String> {
-    let (tx, rx) = std_mpsc::channel();
+    let (tx, rx) = queue::job_queue();
     let (ready_tx, ready_rx) = std_mpsc::channel::<Result<(), String>>();
     let thread = std::thread::Builder::new()
         .name("den-device".into())

@@ -22,9 +22,9 @@
 //! Restored chunks of a real model are checked by the hash their tier stored, not by
 //! recomputation: real KV is not bit-reproducible across batch shapes.
 
+use super::queue::{JobReceiver, Polled};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Receiver, TryRecvError};
 use std::time::Instant;
 
 use den_model::BatchRow;
@@ -126,7 +126,7 @@ struct Part {
 
 impl Device<'_, '_> {
     /// Serves jobs until the queue closes and the last admitted one is done.
-    pub(super) fn run_batched(&mut self, rx: &Receiver<Job>) {
+    pub(super) fn run_batched(&mut self, rx: &JobReceiver) {
         let mut active: Vec<Active> = Vec::new();
         let mut open = true;
         loop {
@@ -135,15 +135,15 @@ impl Device<'_, '_> {
                     return;
                 }
                 match rx.recv() {
-                    Ok(job) => self.admit(job, &mut active),
-                    Err(_) => return,
+                    Some(job) => self.admit(job, &mut active),
+                    None => return,
                 }
             }
             while open {
                 match rx.try_recv() {
-                    Ok(job) => self.admit(job, &mut active),
-                    Err(TryRecvError::Empty) => break,
-                    Err(TryRecvError::Disconnected) => open = false,
+                    Polled::Job(job) => self.admit(job, &mut active),
+                    Polled::Empty => break,
+                    Polled::Closed => open = false,
                 }
             }
             // A real model's restores write what they gathered before the step and
