@@ -22,7 +22,6 @@
 //! Restored chunks of a real model are checked by the hash their tier stored, not by
 //! recomputation: real KV is not bit-reproducible across batch shapes.
 
-use super::queue::{JobReceiver, Polled};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -38,6 +37,7 @@ use den_protocol::request::Token;
 use den_protocol::wire::StopReason;
 use den_protocol::worker::{Operation, OperationKind, OperationOutcome};
 
+use super::queue::{JobReceiver, Polled};
 use super::{Device, DeviceEvent, Job, PendingAppend, Stop, failed, stopped, token_range};
 mod fit;
 mod synthetic;
