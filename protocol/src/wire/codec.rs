@@ -20,7 +20,6 @@ use super::{
 };
 use crate::candidate::{Candidate, Tier};
 use crate::ids::{AssignmentId, NodeId, WorkerId};
-use crate::request::GenerationRequest;
 
 /// Which side rejected a frame whose type belongs to the other direction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -236,16 +235,14 @@ pub fn decode_for_router(bytes: &[u8], max_frame: usize) -> Result<ToRouter, Cod
             let assignment = assignment(&mut obj)?;
             let worker_epoch = field(&mut obj, "worker_epoch")?;
             let accepted: bool = field(&mut obj, "accepted")?;
-            let reason = opt_field(&mut obj, "reason")?;
-            if !accepted && reason.is_none() {
-                return Err(invalid("reason", "a declined offer must carry a reason"));
-            }
-            Ok(ToRouter::OfferResult(OfferResult {
+            let r = OfferResult {
                 assignment,
                 worker_epoch,
                 accepted,
-                reason,
-            }))
+                reason: opt_field(&mut obj, "reason")?,
+            };
+            check_offer_result(&r)?;
+            Ok(ToRouter::OfferResult(r))
         }
         "token" => Ok(ToRouter::Token(TokenDelta {
             assignment: assignment(&mut obj)?,
@@ -255,18 +252,7 @@ pub fn decode_for_router(bytes: &[u8], max_frame: usize) -> Result<ToRouter, Cod
         "result" => {
             let assignment = assignment(&mut obj)?;
             let result: Box<WorkerResult> = field(&mut obj, "result")?;
-            match (result.status, &result.failure) {
-                (ResultStatus::Failed, None) => {
-                    return Err(invalid("result.failure", "a failed result must say why"));
-                }
-                (ResultStatus::Completed, Some(_)) => {
-                    return Err(invalid(
-                        "result.failure",
-                        "a completed result cannot carry a failure",
-                    ));
-                }
-                _ => {}
-            }
+            check_result(&result)?;
             Ok(ToRouter::Result(ResultMessage { assignment, result }))
         }
         "publish" => {
@@ -328,23 +314,50 @@ fn open(bytes: &[u8], max_frame: usize) -> Result<(String, Map<String, Value>), 
 fn decode_offer(obj: &mut Map<String, Value>) -> Result<Offer, CodecError> {
     let assignment = assignment(obj)?;
     let worker_epoch = field(obj, "worker_epoch")?;
-    let request: GenerationRequest = field(obj, "request")?;
-    if request.id != assignment.request {
+    let offer = Offer {
+        assignment,
+        worker_epoch,
+        request: Arc::new(field(obj, "request")?),
+        candidate: field(obj, "candidate")?,
+        estimate: field(obj, "estimate")?,
+    };
+    check_offer(&offer)?;
+    Ok(offer)
+}
+
+// The rules a decoded frame must also meet, on either decoding path (`hot` too).
+
+/// A declined offer says why.
+pub(super) fn check_offer_result(r: &OfferResult) -> Result<(), CodecError> {
+    if !r.accepted && r.reason.is_none() {
+        return Err(invalid("reason", "a declined offer must carry a reason"));
+    }
+    Ok(())
+}
+
+/// A result carries a failure exactly when it failed.
+pub(super) fn check_result(r: &WorkerResult) -> Result<(), CodecError> {
+    match (r.status, &r.failure) {
+        (ResultStatus::Failed, None) => {
+            Err(invalid("result.failure", "a failed result must say why"))
+        }
+        (ResultStatus::Completed, Some(_)) => Err(invalid(
+            "result.failure",
+            "a completed result cannot carry a failure",
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// An offer's request is its assignment's, and its candidate's costs are sane.
+pub(super) fn check_offer(o: &Offer) -> Result<(), CodecError> {
+    if o.request.id != o.assignment.request {
         return Err(invalid(
             "request.id",
             "does not match the assignment's request id",
         ));
     }
-    let candidate: Candidate = field(obj, "candidate")?;
-    validate_candidate(&candidate)?;
-    let estimate = field(obj, "estimate")?;
-    Ok(Offer {
-        assignment,
-        worker_epoch,
-        request: Arc::new(request),
-        candidate,
-        estimate,
-    })
+    validate_candidate(&o.candidate)
 }
 
 fn assignment(obj: &mut Map<String, Value>) -> Result<AssignmentId, CodecError> {
@@ -362,7 +375,7 @@ pub(super) fn valid_assignment(a: &AssignmentId) -> Result<(), CodecError> {
 }
 
 /// Candidate costs are non-negative finite numbers and the page size is positive (§1.3).
-pub(super) fn validate_candidate(c: &Candidate) -> Result<(), CodecError> {
+fn validate_candidate(c: &Candidate) -> Result<(), CodecError> {
     non_empty("candidate.worker_id", c.worker_id.as_str())?;
     let costs = [
         ("candidate.queue_ms", c.queue_ms),

@@ -9,10 +9,10 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use super::codec::{valid_assignment, validate_candidate};
+use super::codec::{check_offer, check_offer_result, check_result, valid_assignment};
 use super::{
-    Heartbeat, Offer, OfferResult, ResultMessage, ResultStatus, RouterMessage, ToRouter,
-    TokenDelta, WorkerInbound, WorkerResult,
+    Heartbeat, Offer, OfferResult, ResultMessage, RouterMessage, ToRouter, TokenDelta,
+    WorkerInbound, WorkerResult,
 };
 use crate::candidate::{Candidate, Estimate};
 use crate::capacity::DeclineReason;
@@ -50,27 +50,22 @@ pub(super) fn for_router(bytes: &[u8]) -> Option<ToRouter> {
             }))
         }
         "offer-result" => {
-            let assignment = f.assignment?;
-            valid_assignment(&assignment).ok()?;
-            let accepted = f.accepted?;
-            if !accepted && f.reason.is_none() {
-                return None;
-            }
-            Some(ToRouter::OfferResult(OfferResult {
-                assignment,
+            let r = OfferResult {
+                assignment: f.assignment?,
                 worker_epoch: f.worker_epoch?,
-                accepted,
+                accepted: f.accepted?,
                 reason: f.reason,
-            }))
+            };
+            valid_assignment(&r.assignment).ok()?;
+            check_offer_result(&r).ok()?;
+            Some(ToRouter::OfferResult(r))
         }
         "result" => {
             let assignment = f.assignment?;
             valid_assignment(&assignment).ok()?;
             let result = f.result?;
-            match (result.status, &result.failure) {
-                (ResultStatus::Failed, None) | (ResultStatus::Completed, Some(_)) => None,
-                _ => Some(ToRouter::Result(ResultMessage { assignment, result })),
-            }
+            check_result(&result).ok()?;
+            Some(ToRouter::Result(ResultMessage { assignment, result }))
         }
         _ => None,
     }
@@ -95,18 +90,14 @@ pub(super) fn for_worker(bytes: &[u8], me: &WorkerId) -> Option<WorkerInbound> {
     if f.ty != "offer" || f.to != me.as_str() {
         return None;
     }
-    valid_assignment(&f.assignment).ok()?;
-    if f.request.id != f.assignment.request {
-        return None;
-    }
-    validate_candidate(&f.candidate).ok()?;
-    Some(WorkerInbound::Router(RouterMessage::Offer(Box::new(
-        Offer {
-            assignment: f.assignment,
-            worker_epoch: f.worker_epoch,
-            request: Arc::new(f.request),
-            candidate: f.candidate,
-            estimate: f.estimate,
-        },
-    ))))
+    let offer = Offer {
+        assignment: f.assignment,
+        worker_epoch: f.worker_epoch,
+        request: Arc::new(f.request),
+        candidate: f.candidate,
+        estimate: f.estimate,
+    };
+    valid_assignment(&offer.assignment).ok()?;
+    check_offer(&offer).ok()?;
+    Some(WorkerInbound::Router(RouterMessage::Offer(Box::new(offer))))
 }
