@@ -23,9 +23,4 @@ pub mod tiers;
 pub mod tls;
 pub mod worker;
 pub mod workload;
-
-/// The read buffer of the router ↔ worker WebSockets. tungstenite zero-fills the free
-/// part of its read buffer before every read — 128 KiB by default, most of it on the
-/// frames of a single request (an offer, a result: well under 4 KiB) — so a smaller one
-/// takes that memset off every frame; a larger frame still arrives whole, in more reads.
-pub const WS_READ_BUFFER: usize = 16 * 1024;
+pub mod ws;

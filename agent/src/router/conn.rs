@@ -21,15 +21,13 @@ use den_protocol::wire::{
     decode_for_router, encode_text,
 };
 
+use crate::metrics::Metrics;
 use crate::router::RouterHandle;
 use crate::router::actor::{Command, Outbound};
 use crate::router::identity::Admission;
 
 /// Frames buffered towards one worker; a full queue is a send failure (detach).
 pub const OUTBOUND_QUEUE: usize = 4096;
-
-/// Frames written with one flush at most (what is queued when the writer wakes).
-const WRITE_BATCH: usize = 64;
 
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// WebSocket close code 1008: policy violation.
@@ -112,47 +110,31 @@ pub async fn serve(socket: WebSocket, handle: RouterHandle) {
     // --- writer --------------------------------------------------------------------------
     let metrics = Arc::clone(handle.metrics());
     let writer = tokio::spawn(async move {
-        while let Some(first) = rx.recv().await {
-            // Every frame already queued goes out in one write (a token and the result
-            // that follows it, a burst of offers): one syscall and one segment, not one
-            // each.
-            let mut next = Some(first);
-            let mut fed = 0;
-            while let Some(out) = next.take() {
-                let (reason, detail) = match out {
-                    Outbound::Frame(text) => {
-                        if sink.feed(Message::text(text)).await.is_err() {
-                            return;
+        while let Some(out) = rx.recv().await {
+            let refusal = match out {
+                Outbound::Frame(text) => {
+                    // A refusal queued behind frames goes after them.
+                    let mut refusal = None;
+                    let more = || match rx.try_recv() {
+                        Ok(Outbound::Frame(t)) => Some(Message::text(t)),
+                        Ok(Outbound::Refuse { reason, detail }) => {
+                            refusal = Some((reason, detail));
+                            None
                         }
-                        fed += 1;
-                        if fed < WRITE_BATCH {
-                            next = rx.try_recv().ok();
-                        }
-                        continue;
+                        Err(_) => None,
+                    };
+                    if crate::ws::send_batch(&mut sink, Message::text(text), more)
+                        .await
+                        .is_err()
+                    {
+                        return;
                     }
-                    Outbound::Refuse { reason, detail } => (reason, detail),
-                };
-                metrics.counter_add(
-                    "den_router_refused_total",
-                    "Worker connections refused or closed for a protocol violation, by reason.",
-                    &[("reason", reason_label(reason))],
-                    1.0,
-                );
-                let refused = RouterHandshake::Refused(Refused {
-                    reason,
-                    detail: detail.clone(),
-                });
-                // Sent after (and flushed with) the frames fed before it.
-                let _ = send_frame(&mut sink, &refused).await;
-                let _ = sink
-                    .send(Message::Close(Some(CloseFrame {
-                        code: POLICY,
-                        reason: close_reason(&detail).into(),
-                    })))
-                    .await;
-                return;
-            }
-            if sink.flush().await.is_err() {
+                    refusal
+                }
+                Outbound::Refuse { reason, detail } => Some((reason, detail)),
+            };
+            if let Some((reason, detail)) = refusal {
+                send_refusal(&metrics, &mut sink, reason, detail).await;
                 return;
             }
         }
@@ -252,7 +234,15 @@ where
     S: SinkExt<Message> + Unpin,
 {
     tracing::warn!(?reason, "refusing a worker connection: {detail}");
-    handle.metrics().counter_add(
+    send_refusal(handle.metrics(), sink, reason, detail).await;
+}
+
+/// Counts the refusal, says `refused` and closes with a policy-violation code.
+async fn send_refusal<S>(metrics: &Metrics, sink: &mut S, reason: RefusalReason, detail: String)
+where
+    S: SinkExt<Message> + Unpin,
+{
+    metrics.counter_add(
         "den_router_refused_total",
         "Worker connections refused or closed for a protocol violation, by reason.",
         &[("reason", reason_label(reason))],

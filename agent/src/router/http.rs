@@ -188,7 +188,7 @@ async fn agents(State(handle): State<RouterHandle>, ws: WebSocketUpgrade) -> Res
     let socket_max = max.saturating_mul(2).max(64 * 1024);
     ws.max_message_size(socket_max)
         .max_frame_size(socket_max)
-        .read_buffer_size(crate::WS_READ_BUFFER)
+        .read_buffer_size(crate::ws::READ_BUFFER)
         .on_upgrade(move |socket| conn::serve(socket, handle))
 }
 

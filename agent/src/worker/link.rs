@@ -24,9 +24,6 @@ use crate::worker::faults::{Faults, Outbound};
 /// Frames buffered towards the router before the connection counts as stuck.
 pub const OUTBOUND_QUEUE: usize = 4096;
 
-/// Frames written with one flush at most (what is queued when the writer wakes).
-const WRITE_BATCH: usize = 64;
-
 const BACKOFF_START: Duration = Duration::from_millis(100);
 const BACKOFF_CAP: Duration = Duration::from_secs(5);
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -147,7 +144,7 @@ async fn session(
     let config = WebSocketConfig::default()
         .max_message_size(Some(opts.max_frame))
         .max_frame_size(Some(opts.max_frame))
-        .read_buffer_size(crate::WS_READ_BUFFER);
+        .read_buffer_size(crate::ws::READ_BUFFER);
     let connector = crate::tls::ws_connector(opts.url.as_str())?;
     let connect =
         tokio_tungstenite::connect_async_tls_with_config(request, Some(config), true, connector);
@@ -294,7 +291,10 @@ where
             }
         }
         let sent = match mode {
-            Outbound::AsIs | Outbound::Delay => send_queued(&mut sink, text, &mut rx).await,
+            Outbound::AsIs | Outbound::Delay => {
+                let more = || rx.try_recv().ok().map(Message::text);
+                crate::ws::send_batch(&mut sink, Message::text(text), more).await
+            }
             Outbound::Duplicate => match sink.send(Message::text(text.clone())).await {
                 Ok(()) => sink.send(Message::text(text)).await,
                 Err(e) => Err(e),
@@ -316,26 +316,6 @@ where
     }
     let _ = sink.send(Message::Close(None)).await;
     let _ = sink.close().await;
-}
-
-/// Sends `first` and every frame already queued behind it with one flush (a token and
-/// the result that follows it): one write and one segment, not one each.
-async fn send_queued<S>(
-    sink: &mut S,
-    first: String,
-    rx: &mut mpsc::Receiver<String>,
-) -> Result<(), WsError>
-where
-    S: futures_util::Sink<Message, Error = WsError> + Unpin,
-{
-    sink.feed(Message::text(first)).await?;
-    for _ in 1..WRITE_BATCH {
-        match rx.try_recv() {
-            Ok(text) => sink.feed(Message::text(text)).await?,
-            Err(_) => break,
-        }
-    }
-    sink.flush().await
 }
 
 /// Decode a text or binary frame; `None` for control frames.
