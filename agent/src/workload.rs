@@ -182,7 +182,8 @@ impl WorkloadReport {
     }
 }
 
-fn quantile(v: &mut [f64], q: f64) -> Option<f64> {
+/// The `q` quantile of `v` (sorted in place) by nearest rank; `None` when empty.
+pub fn quantile(v: &mut [f64], q: f64) -> Option<f64> {
     if v.is_empty() {
         return None;
     }

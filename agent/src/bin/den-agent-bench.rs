@@ -36,6 +36,7 @@ use den_agent::engine::EngineCosts;
 use den_agent::router::{RouterHandle, RouterOptions, RouterServer};
 use den_agent::serving::Submitter;
 use den_agent::worker::{self, RunningWorker, WorkerOptions};
+use den_agent::workload::quantile;
 use den_protocol::observation::Observation;
 use den_protocol::request::GenerationRequest;
 use den_protocol::router::DeliveryKind;
@@ -51,7 +52,19 @@ fn main() -> ExitCode {
     }
 }
 
+/// The flags this bench takes (see the module comment).
+const FLAGS: [&str; 4] = ["--quick", "--heartbeats", "--latency", "--one-thread"];
+
 fn run() -> Result<(), String> {
+    if let Some(bad) = std::env::args()
+        .skip(1)
+        .find(|a| !FLAGS.contains(&a.as_str()))
+    {
+        return Err(format!(
+            "unknown argument {bad:?}: it takes {}",
+            FLAGS.join(", ")
+        ));
+    }
     let quick = std::env::args().any(|a| a == "--quick");
     let n_latency = if quick { 300 } else { 3000 };
     let n_throughput = if quick { 2000 } else { 20000 };
@@ -182,22 +195,21 @@ async fn latency(n: usize) -> Result<f64, String> {
         }
         samples.push(t0.elapsed().as_secs_f64() * 1e6);
     }
-    let (median, p99) = (quantile(&mut samples, 0.5), quantile(&mut samples, 0.99));
+    let (p50, p99) = (
+        median(&mut samples),
+        quantile(&mut samples, 0.99).unwrap_or(f64::NAN),
+    );
     println!(
-        "latency: submit → offer → accept → prefill+decode (1 token) → result, 1 worker, {n} sequential requests: median {median:.0} µs, p99 {p99:.0} µs"
+        "latency: submit → offer → accept → prefill+decode (1 token) → result, 1 worker, {n} sequential requests: median {p50:.0} µs, p99 {p99:.0} µs"
     );
     for w in ws {
         w.shutdown().await;
     }
-    Ok(median)
+    Ok(p50)
 }
 
-/// The `p` quantile of `samples` (sorted in place), by rank.
-fn quantile(samples: &mut [f64], p: f64) -> f64 {
-    samples.sort_by(f64::total_cmp);
-    let n = samples.len();
-    let rank = ((p * n as f64).ceil() as usize).clamp(1, n.max(1));
-    samples.get(rank - 1).copied().unwrap_or(f64::NAN)
+fn median(samples: &mut [f64]) -> f64 {
+    quantile(samples, 0.5).unwrap_or(f64::NAN)
 }
 
 /// Medians of `n` one-byte loopback TCP round trips and of `n` std-channel round trips
@@ -241,7 +253,7 @@ fn tcp_round_trips(n: usize) -> Result<f64, String> {
     }
     drop(c);
     let _ = echo.join();
-    Ok(quantile(&mut samples, 0.5))
+    Ok(median(&mut samples))
 }
 
 fn handoff_round_trips(n: usize) -> Result<f64, String> {
@@ -266,7 +278,7 @@ fn handoff_round_trips(n: usize) -> Result<f64, String> {
     }
     drop(to_tx);
     let _ = bounce.join();
-    Ok(quantile(&mut samples, 0.5))
+    Ok(median(&mut samples))
 }
 
 /// Pins the calling thread to core `cpu` when the machine has more than one; best
