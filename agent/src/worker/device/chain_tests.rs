@@ -177,7 +177,7 @@ impl Harness {
     }
 
     fn feed(&mut self, event: DeviceEvent) -> Seen {
-        let (assignment, seen, input) = match event {
+        let (seen, input) = match event {
             DeviceEvent::Token {
                 assignment,
                 token,
@@ -185,11 +185,11 @@ impl Harness {
             } => {
                 let seen = Seen::Token(assignment.request.to_string(), index);
                 let input = WorkerInput::Token {
-                    assignment: assignment.clone(),
+                    assignment,
                     token,
                     index,
                 };
-                (assignment, seen, input)
+                (seen, input)
             }
             DeviceEvent::Done {
                 assignment,
@@ -203,14 +203,13 @@ impl Harness {
                     OperationOutcome::Restored { .. } => panic!("no restores here"),
                 };
                 let input = WorkerInput::OperationDone {
-                    assignment: assignment.clone(),
+                    assignment,
                     outcome,
                 };
-                (assignment, seen, input)
+                (seen, input)
             }
             DeviceEvent::BadReplica(_) => panic!("no replicas here"),
         };
-        let _ = assignment;
         self.seen.push(seen.clone());
         let effects = self.machine.handle(Millis(0), input);
         self.apply(effects);

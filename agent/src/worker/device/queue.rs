@@ -22,6 +22,8 @@ struct State {
     jobs: VecDeque<Job>,
     /// The sender is gone: nothing more will come.
     closed: bool,
+    /// The device thread is gone: nothing more is taken.
+    gone: bool,
 }
 
 impl Shared {
@@ -54,10 +56,13 @@ pub(super) fn job_queue() -> (JobSender, JobReceiver) {
 impl JobSender {
     /// Queues `job`; false when the device thread is gone.
     pub(super) fn send(&self, job: Job) -> bool {
-        if Arc::strong_count(&self.0) < 2 {
-            return false;
+        {
+            let mut state = self.0.lock();
+            if state.gone {
+                return false;
+            }
+            state.jobs.push_back(job);
         }
-        self.0.lock().jobs.push_back(job);
         self.0.wake();
         true
     }
@@ -105,7 +110,9 @@ impl JobReceiver {
 impl Drop for JobReceiver {
     fn drop(&mut self) {
         // Jobs still queued are dropped with it: their oneshot replies say so.
-        self.0.lock().jobs.clear();
+        let mut state = self.0.lock();
+        state.gone = true;
+        state.jobs.clear();
     }
 }
 
