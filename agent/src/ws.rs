@@ -12,7 +12,7 @@ pub const READ_BUFFER: usize = 16 * 1024;
 const WRITE_BATCH: usize = 64;
 
 /// Sends `first` and what `more` yields — the frames already queued behind it, up to
-/// [`WRITE_BATCH`] in all — with one flush: a token and the result that follows it, or a
+/// `WRITE_BATCH` (64) in all — with one flush: a token and the result that follows it, or a
 /// burst of offers, go as one write and one segment, not one each.
 pub async fn send_batch<S, M>(
     sink: &mut S,
