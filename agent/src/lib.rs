@@ -9,6 +9,7 @@ pub mod auth;
 pub mod cli;
 pub mod config;
 pub mod engine;
+pub mod hops;
 pub mod ingress;
 pub mod listener;
 pub mod local_cluster;

@@ -19,7 +19,9 @@
 //!
 //! Usage: `cargo run --release -p den-agent --bin den-agent-bench [-- --quick]`
 //! (`-- --heartbeats` or `-- --latency` for that part alone; `-- --one-thread` runs the
-//! router and workers on one runtime thread instead of a work-stealing pool).
+//! router and workers on one runtime thread instead of a work-stealing pool). Built with
+//! `--features hop-trace`, the latency part also prints the median time of each hop of
+//! the path (`den_agent::hops`).
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -33,6 +35,7 @@ use tokio::sync::oneshot;
 use tokio_tungstenite::tungstenite::Message;
 
 use den_agent::engine::EngineCosts;
+use den_agent::hops::{self, Hop};
 use den_agent::router::{RouterHandle, RouterOptions, RouterServer};
 use den_agent::serving::Submitter;
 use den_agent::worker::{self, RunningWorker, WorkerOptions};
@@ -172,7 +175,10 @@ async fn run_one(h: &RouterHandle, i: u64) -> bool {
     while let Some(d) = rx.recv().await {
         match d.kind {
             DeliveryKind::Delta { .. } => {}
-            DeliveryKind::Completed { .. } => return true,
+            DeliveryKind::Completed { .. } => {
+                hops::mark(Hop::Delivered);
+                return true;
+            }
             _ => return false,
         }
     }
@@ -188,12 +194,19 @@ async fn latency(n: usize) -> Result<f64, String> {
         run_one(&h, 1_000_000 + i).await; // warm-up
     }
     let mut samples = Vec::with_capacity(n);
+    let mut legs: Vec<Vec<f64>> = vec![Vec::with_capacity(n); hops::PATH.len()];
     for i in 0..n as u64 {
         let t0 = Instant::now();
+        hops::mark(Hop::Submitted);
         if !run_one(&h, i).await {
             return Err(format!("request {i} failed"));
         }
         samples.push(t0.elapsed().as_secs_f64() * 1e6);
+        if let Some(at) = hops::read() {
+            for (k, pair) in at.windows(2).enumerate() {
+                legs[k + 1].push((pair[1] as f64 - pair[0] as f64) / 1e3);
+            }
+        }
     }
     let (p50, p99) = (
         median(&mut samples),
@@ -202,6 +215,12 @@ async fn latency(n: usize) -> Result<f64, String> {
     println!(
         "latency: submit → offer → accept → prefill+decode (1 token) → result, 1 worker, {n} sequential requests: median {p50:.0} µs, p99 {p99:.0} µs"
     );
+    if hops::read().is_some() {
+        println!("  where it goes (median µs of each hop; hop-trace build, so slightly slower):");
+        for ((_, what), leg) in hops::PATH.iter().zip(legs.iter_mut()).skip(1) {
+            println!("  {:>7.1}  {what}", median(leg));
+        }
+    }
     for w in ws {
         w.shutdown().await;
     }

@@ -197,7 +197,12 @@ pub async fn serve(socket: WebSocket, handle: RouterHandle) {
                 });
                 break;
             }
-            Ok(frame) => handle.send(Command::Frame { conn, frame }).await,
+            Ok(frame) => {
+                if matches!(frame, ToRouter::Result(_)) {
+                    crate::hops::mark(crate::hops::Hop::ResultRead);
+                }
+                handle.send(Command::Frame { conn, frame }).await
+            }
             // A message type this router does not know (a newer peer's) passes: it is
             // not a protocol violation of the frames both know (spec: unrelated messages
             // pass unchanged). Logged once per connection, counted every time.

@@ -231,6 +231,9 @@ async fn session(
                 break format!("refused by the router ({:?}): {}", r.reason, r.detail);
             }
             Some(Ok(message)) => {
+                if matches!(&message, WorkerInbound::Router(m) if m.kind() == "offer") {
+                    crate::hops::mark(crate::hops::Hop::OfferRead);
+                }
                 let sent = events.send(LinkEvent::Inbound { conn, message }).await;
                 if sent.is_err() {
                     break "worker is shutting down".to_owned();

@@ -15,7 +15,11 @@ impl RouterActor {
         let mut back = std::collections::VecDeque::new(); // allocates only when used
         let mut next = Some(input);
         while let Some(input) = next.take().or_else(|| back.pop_front()) {
+            let submit = matches!(input, NodeInput::Submit { .. });
             self.node.handle_into(self.now(), input, &mut effects);
+            if submit {
+                crate::hops::mark(crate::hops::Hop::Decided);
+            }
             for effect in effects.drain(..) {
                 if let Some(input) = self.apply(effect) {
                     back.push_back(input);
@@ -37,6 +41,9 @@ impl RouterActor {
                         return None;
                     }
                 };
+                if kind == "offer" {
+                    crate::hops::mark(crate::hops::Hop::OfferQueued);
+                }
                 if self.queue_frame(conn, text, kind) {
                     return None;
                 }

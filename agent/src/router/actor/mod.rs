@@ -287,6 +287,7 @@ impl RouterActor {
                 deadline,
                 pin,
             } => {
+                crate::hops::mark(crate::hops::Hop::AtRouter);
                 let pin = match &pin {
                     None => Pin::Any,
                     Some(instance) => match self.manager.worker_of(instance) {
@@ -319,7 +320,12 @@ impl RouterActor {
                 self.conns.insert(conn, ConnInfo { outbound });
                 self.drive(NodeInput::Connected { conn, worker, node });
             }
-            Command::Frame { conn, frame } => self.drive(NodeInput::Frame { conn, frame }),
+            Command::Frame { conn, frame } => {
+                if matches!(frame, ToRouter::Result(_)) {
+                    crate::hops::mark(crate::hops::Hop::ResultAtRouter);
+                }
+                self.drive(NodeInput::Frame { conn, frame })
+            }
             Command::Disconnected { conn } => {
                 if let Some((worker, _)) = self.node.peer(conn) {
                     tracing::info!(%worker, conn = conn.0, "worker connection closed");

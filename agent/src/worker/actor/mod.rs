@@ -374,6 +374,9 @@ impl Actor {
     fn on_router(&mut self, message: WorkerInbound) {
         match message {
             WorkerInbound::Router(m) => {
+                if m.kind() == "offer" {
+                    crate::hops::mark(crate::hops::Hop::OfferAtWorker);
+                }
                 let effects = self.p.machine.handle(self.now(), m.into());
                 self.apply(effects);
             }
@@ -448,6 +451,9 @@ impl Actor {
                 assignment,
                 outcome,
             } => {
+                if matches!(outcome, OperationOutcome::Decoded { .. }) {
+                    crate::hops::mark(crate::hops::Hop::DoneAtWorker);
+                }
                 let (kind, result) = match &outcome {
                     OperationOutcome::Restored { .. } => ("restore", "ok"),
                     OperationOutcome::Prefilled => ("prefill", "ok"),
@@ -627,6 +633,7 @@ impl Actor {
         let submitted = if kind == OperationKind::Restore {
             self.start_restore(job, op, flag)
         } else {
+            crate::hops::mark(crate::hops::Hop::JobQueued);
             self.p.device.submit(Job::Op {
                 job,
                 op,
@@ -729,6 +736,9 @@ impl Actor {
                 return;
             }
         };
+        if matches!(frame, ToRouter::Result(_)) {
+            crate::hops::mark(crate::hops::Hop::ResultQueued);
+        }
         if link.tx.try_send(text).is_err() {
             tracing::warn!("the router connection is not draining its queue; dropping it");
             self.link = None;

@@ -161,6 +161,7 @@ impl Device<'_, '_> {
             Job::Op { job, op, cancel }
                 if matches!(op.kind, OperationKind::Prefill | OperationKind::Decode) =>
             {
+                crate::hops::mark(crate::hops::Hop::JobTaken);
                 self.ctx.queue.start(job);
                 if cancel.load(Ordering::Relaxed) {
                     self.finish(job, &op, failed(op.kind, "cancelled before it started"));
@@ -181,6 +182,7 @@ impl Device<'_, '_> {
 
     pub(super) fn finish(&mut self, job: u64, op: &Operation, outcome: OperationOutcome) {
         if let OperationOutcome::Decoded { tokens, .. } = &outcome {
+            crate::hops::mark(crate::hops::Hop::Decoded);
             self.ctx.calibration.output(tokens.len());
         }
         self.publish_totals();
