@@ -183,4 +183,40 @@ impl Actor {
         *self.p.pool.lock() = pool;
         Ok(())
     }
+
+    /// A download, installation or runner changed: switch engines or re-advertise when
+    /// the set of ready models moved.
+    pub(super) fn on_model_event(&mut self, event: ModelEvent) {
+        let progress_only = matches!(
+            event,
+            ModelEvent::Progress { .. } | ModelEvent::LoadProgress { .. }
+        );
+        self.p.models.on_event(event);
+        if progress_only {
+            // Byte and layer counts ride on the regular heartbeat.
+            return;
+        }
+        self.plan_switch();
+        self.models_changed();
+    }
+
+    /// Runners changed: advertise the static models plus every ready runner's, and tell
+    /// the router soon.
+    pub(super) fn models_changed(&mut self) {
+        let mut models: BTreeSet<den_protocol::ids::ModelFingerprint> = BTreeSet::new();
+        // While a switch waits for quiescence nothing is advertised: no new offers.
+        if self.switch.is_none() {
+            models.extend(self.engine.statics.iter().cloned());
+            models.extend(self.p.models.ready_models());
+        }
+        if &models != self.p.machine.models() {
+            tracing::info!(models = ?models, "serving models changed");
+            let effects = self
+                .p
+                .machine
+                .handle(self.now(), WorkerInput::SetModels { models });
+            self.apply(effects);
+        }
+        self.heartbeat_soon();
+    }
 }
