@@ -23,7 +23,7 @@
 //! kind), because the worker machine releases the assignment's pages only when that
 //! result arrives.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc as std_mpsc};
 use std::thread::JoinHandle;
@@ -34,13 +34,12 @@ use tokio::sync::{mpsc, oneshot};
 
 use den_protocol::chunk::ChunkDescriptor;
 use den_protocol::ids::{AssignmentId, ModelFingerprint, RouteId};
-use den_protocol::pool::{Page, PoolError, TokenSlot, TransferTicket};
+use den_protocol::pool::{Page, PoolError};
 use den_protocol::request::Token;
 use den_protocol::worker::{Operation, OperationKind, OperationOutcome};
 
 use den_model::{Model, Runner};
 use den_protocol::engine_plan::EnginePlan;
-use den_protocol::pool::AppendReservation;
 
 use crate::engine::{EngineCosts, SyntheticKv};
 use crate::memory::{MemoryError, PageMemory, RowRun, TransferTotals};
@@ -53,6 +52,11 @@ use crate::worker::meters::{Calibration, QueueMeter};
 use crate::worker::pool::SharedPool;
 use crate::worker::store::{BadReplica, Tiers};
 
+use append::PendingAppend;
+use append::append_with;
+pub use append::slot_runs;
+
+mod append;
 #[cfg(test)]
 mod chain_tests;
 mod queue;
@@ -473,104 +477,6 @@ impl Device<'_, '_> {
     }
 }
 
-/// The two-phase append every write goes through: reserve `count` slots on `route`
-/// (which must be exactly `start` long), copy a shared tail first, mark the pages loading,
-/// let `write` fill the reserved slots, then commit — or abort on any failure or
-/// mismatch, leaving the route as it was.
-fn append_with<T>(
-    pool: &SharedPool,
-    memory: &mut dyn PageMemory,
-    route: &RouteId,
-    start: u32,
-    count: u32,
-    write: impl FnOnce(&mut dyn PageMemory, &AppendReservation) -> Result<Result<T, Mismatch>, Stop>,
-) -> Result<Result<T, Mismatch>, Stop> {
-    let pending = PendingAppend::begin(pool, memory, route, start, count)?;
-    match write(memory, &pending.reservation) {
-        Ok(Ok(value)) => {
-            pending.commit(pool)?;
-            Ok(Ok(value))
-        }
-        Ok(Err(mismatch)) => {
-            pending.abort(pool);
-            Ok(Err(mismatch))
-        }
-        Err(stop) => {
-            pending.abort(pool);
-            Err(stop)
-        }
-    }
-}
-
-/// An append between its reservation and its commit (or abort): the slots are reserved,
-/// their pages marked loading, a shared tail already copied.
-struct PendingAppend {
-    route: RouteId,
-    reservation: AppendReservation,
-    tickets: Vec<TransferTicket>,
-}
-
-impl PendingAppend {
-    /// Reserves `count` slots on `route`, which must be exactly `start` long.
-    fn begin(
-        pool: &SharedPool,
-        memory: &mut dyn PageMemory,
-        route: &RouteId,
-        start: u32,
-        count: u32,
-    ) -> Result<PendingAppend, Stop> {
-        let reservation = pool.lock().append_reserve(route, count)?;
-        let mut pending = PendingAppend {
-            route: route.clone(),
-            reservation,
-            tickets: Vec::new(),
-        };
-        if pending.reservation.start != start {
-            let held = pending.reservation.start;
-            pending.abort(pool);
-            return Err(Stop::Failed(format!(
-                "route {route} holds {held} tokens, expected {start}"
-            )));
-        }
-        let pages: BTreeSet<Page> = pending.reservation.slots.iter().map(|s| s.page).collect();
-        let tickets: Result<Vec<TransferTicket>, PoolError> = {
-            let mut pool = pool.lock();
-            pages.iter().map(|p| pool.start_load(*p)).collect()
-        };
-        match tickets {
-            Ok(t) => pending.tickets = t,
-            Err(e) => {
-                pending.abort(pool);
-                return Err(e.into());
-            }
-        }
-        if let Some(copy) = pending.reservation.copy
-            && let Err(e) = memory.copy_page(copy.src.0, copy.dst.0)
-        {
-            pending.abort(pool);
-            return Err(e.into());
-        }
-        Ok(pending)
-    }
-
-    fn commit(self, pool: &SharedPool) -> Result<(), Stop> {
-        let mut pool = pool.lock();
-        for t in &self.tickets {
-            pool.complete_load(*t)?;
-        }
-        pool.commit_append(&self.route, self.reservation.id)?;
-        Ok(())
-    }
-
-    fn abort(self, pool: &SharedPool) {
-        let mut pool = pool.lock();
-        for t in &self.tickets {
-            let _ = pool.fail_load(*t);
-        }
-        let _ = pool.abort_append(&self.route, self.reservation.id);
-    }
-}
-
 /// Spend `d` on this thread (the declared cost of the synthetic engine), in slices so a
 /// cancellation is noticed within ~10 ms. False when cancelled.
 fn spend(d: Duration, cancel: &AtomicBool) -> bool {
@@ -595,22 +501,6 @@ fn token_range(tokens: &[Token], start: u32, end: u32) -> Result<&[Token], Stop>
         .ok_or_else(|| Stop::Failed(format!("token range {start}..{end} is outside the request")))
 }
 
-/// Consecutive slots of one page with consecutive rows, as row runs.
-pub fn slot_runs(slots: &[TokenSlot]) -> Vec<RowRun> {
-    let mut runs: Vec<RowRun> = Vec::new();
-    for s in slots {
-        match runs.last_mut() {
-            Some(r) if r.page == s.page.0 && r.offset + r.len == s.offset => r.len += 1,
-            _ => runs.push(RowRun {
-                page: s.page.0,
-                offset: s.offset,
-                len: 1,
-            }),
-        }
-    }
-    runs
-}
-
 fn stopped(kind: OperationKind, stop: Stop) -> OperationOutcome {
     match stop {
         Stop::Cancelled => failed(kind, "cancelled"),
@@ -628,35 +518,6 @@ fn failed(kind: OperationKind, detail: &str) -> OperationOutcome {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn slot(logical: u32, page: u32, offset: u32) -> TokenSlot {
-        TokenSlot {
-            logical_page: logical,
-            page: Page(page),
-            offset,
-        }
-    }
-
-    #[test]
-    fn slots_merge_into_runs_per_page() {
-        let runs = slot_runs(&[slot(0, 7, 2), slot(0, 7, 3), slot(1, 2, 0), slot(1, 2, 1)]);
-        assert_eq!(
-            runs,
-            vec![
-                RowRun {
-                    page: 7,
-                    offset: 2,
-                    len: 2
-                },
-                RowRun {
-                    page: 2,
-                    offset: 0,
-                    len: 2
-                }
-            ]
-        );
-        assert!(slot_runs(&[]).is_empty());
-    }
 
     #[test]
     fn spend_stops_when_cancelled() {
