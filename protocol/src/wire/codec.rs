@@ -257,20 +257,7 @@ pub fn decode_for_router(bytes: &[u8], max_frame: usize) -> Result<ToRouter, Cod
         }
         "publish" => {
             let chunks: Vec<PublishedChunk> = field(&mut obj, "chunks")?;
-            for c in &chunks {
-                if c.entry.token_count == 0 {
-                    return Err(invalid(
-                        "chunks.entry.token_count",
-                        "a chunk has at least one token",
-                    ));
-                }
-                if c.tiers.iter().any(|t| !matches!(t, Tier::Ram | Tier::Ssd)) {
-                    return Err(invalid(
-                        "chunks.tiers",
-                        "local replica tiers are ram or ssd",
-                    ));
-                }
-            }
+            check_publish(&chunks)?;
             Ok(ToRouter::Publish(Publish { chunks }))
         }
         "retract" => Ok(ToRouter::Retract(Retract {
@@ -331,6 +318,26 @@ fn decode_offer(obj: &mut Map<String, Value>) -> Result<Offer, CodecError> {
 pub(super) fn check_offer_result(r: &OfferResult) -> Result<(), CodecError> {
     if !r.accepted && r.reason.is_none() {
         return Err(invalid("reason", "a declined offer must carry a reason"));
+    }
+    Ok(())
+}
+
+/// A publication's rules beyond its types: every chunk has a token, and a local replica
+/// is in RAM or on SSD (a GPU copy is not durable storage).
+pub(super) fn check_publish(chunks: &[PublishedChunk]) -> Result<(), CodecError> {
+    for c in chunks {
+        if c.entry.token_count == 0 {
+            return Err(invalid(
+                "chunks.entry.token_count",
+                "a chunk has at least one token",
+            ));
+        }
+        if c.tiers.iter().any(|t| !matches!(t, Tier::Ram | Tier::Ssd)) {
+            return Err(invalid(
+                "chunks.tiers",
+                "local replica tiers are ram or ssd",
+            ));
+        }
     }
     Ok(())
 }

@@ -1,7 +1,7 @@
 //! The frames each side receives on every request, read in one pass straight into their
 //! types instead of through a JSON tree first (well under half the cost): at the router,
-//! heartbeats (one per worker per interval), offer results, token deltas and results; at
-//! a worker, offers. Only a frame that is valid is decoded here; anything else returns
+//! heartbeats (one per worker per interval), offer results, token deltas, results and the
+//! publications and retractions of the chunks a request leaves; at a worker, offers. Only a frame that is valid is decoded here; anything else returns
 //! `None` and takes the field-by-field path in `codec`, which names what was wrong — so
 //! the errors and the accepted frames are exactly that path's. Fields other than the
 //! type's are skipped, as that path ignores them.
@@ -9,10 +9,14 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use super::codec::{check_offer, check_offer_result, check_result, valid_assignment};
+use serde_json::value::RawValue;
+
+use super::codec::{
+    check_offer, check_offer_result, check_publish, check_result, valid_assignment,
+};
 use super::{
-    Heartbeat, Offer, OfferResult, ResultMessage, RouterMessage, ToRouter, TokenDelta,
-    WorkerInbound, WorkerResult,
+    Heartbeat, Offer, OfferResult, Publish, PublishedChunk, ResultMessage, Retract, RetractedChunk,
+    RouterMessage, ToRouter, TokenDelta, WorkerInbound, WorkerResult,
 };
 use crate::candidate::{Candidate, Estimate};
 use crate::capacity::DeclineReason;
@@ -20,10 +24,24 @@ use crate::ids::{AssignmentId, Epoch, WorkerId};
 use crate::observation::Observation;
 use crate::request::{GenerationRequest, Token};
 
+/// The frame types read here. Any other type fails the typed pass the moment its `type`
+/// is read — den's peers write it first — so a publish of hundreds of chunks is not
+/// scanned once here before the field-by-field path parses it.
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+enum RouterHot {
+    Heartbeat,
+    Token,
+    OfferResult,
+    Result,
+    Publish,
+    Retract,
+}
+
 #[derive(serde::Deserialize)]
 struct RouterFrame<'a> {
-    #[serde(rename = "type", borrow)]
-    ty: Cow<'a, str>,
+    #[serde(rename = "type")]
+    ty: RouterHot,
     observation: Option<Observation>,
     assignment: Option<AssignmentId>,
     token: Option<Token>,
@@ -32,15 +50,18 @@ struct RouterFrame<'a> {
     accepted: Option<bool>,
     reason: Option<DeclineReason>,
     result: Option<Box<WorkerResult>>,
+    /// A publication's or a retraction's chunks, typed once the frame's type is known.
+    #[serde(borrow)]
+    chunks: Option<&'a RawValue>,
 }
 
 pub(super) fn for_router(bytes: &[u8]) -> Option<ToRouter> {
     let f: RouterFrame = serde_json::from_slice(bytes).ok()?;
-    match &*f.ty {
-        "heartbeat" => Some(ToRouter::Heartbeat(Box::new(Heartbeat {
+    match f.ty {
+        RouterHot::Heartbeat => Some(ToRouter::Heartbeat(Box::new(Heartbeat {
             observation: f.observation?,
         }))),
-        "token" => {
+        RouterHot::Token => {
             let assignment = f.assignment?;
             valid_assignment(&assignment).ok()?;
             Some(ToRouter::Token(TokenDelta {
@@ -49,7 +70,7 @@ pub(super) fn for_router(bytes: &[u8]) -> Option<ToRouter> {
                 index: f.index?,
             }))
         }
-        "offer-result" => {
+        RouterHot::OfferResult => {
             let r = OfferResult {
                 assignment: f.assignment?,
                 worker_epoch: f.worker_epoch?,
@@ -60,14 +81,22 @@ pub(super) fn for_router(bytes: &[u8]) -> Option<ToRouter> {
             check_offer_result(&r).ok()?;
             Some(ToRouter::OfferResult(r))
         }
-        "result" => {
+        RouterHot::Result => {
             let assignment = f.assignment?;
             valid_assignment(&assignment).ok()?;
             let result = f.result?;
             check_result(&result).ok()?;
             Some(ToRouter::Result(ResultMessage { assignment, result }))
         }
-        _ => None,
+        RouterHot::Publish => {
+            let chunks: Vec<PublishedChunk> = serde_json::from_str(f.chunks?.get()).ok()?;
+            check_publish(&chunks).ok()?;
+            Some(ToRouter::Publish(Publish { chunks }))
+        }
+        RouterHot::Retract => {
+            let chunks: Vec<RetractedChunk> = serde_json::from_str(f.chunks?.get()).ok()?;
+            Some(ToRouter::Retract(Retract { chunks }))
+        }
     }
 }
 

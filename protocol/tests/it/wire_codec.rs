@@ -8,13 +8,16 @@ use std::sync::Arc;
 use common::{MODEL, cand, sim_request};
 use den_protocol::candidate::{Tier, estimate};
 use den_protocol::capacity::DeclineReason;
+use den_protocol::chunk::plan_chunks;
+use den_protocol::chunk_catalog::ChunkEntry;
 use den_protocol::ids::{AssignmentId, Epoch, WorkerId};
 use den_protocol::observation::Observation;
 use den_protocol::wire::{
     Cancel, CodecError, DEFAULT_MAX_FRAME, Direction, Failure, FailureKind, Heartbeat, Hello,
-    Offer, OfferResult, OutboundToWorker, PROTOCOL_VERSION, RefusalReason, Refused, ResultMessage,
-    RouterHandshake, RouterMessage, ToRouter, TokenDelta, Welcome, WorkerInbound, WorkerMessage,
-    WorkerResult, decode_for_router, decode_for_worker, encode,
+    Offer, OfferResult, OutboundToWorker, PROTOCOL_VERSION, Publish, PublishedChunk, RefusalReason,
+    Refused, ResultMessage, Retract, RetractedChunk, RouterHandshake, RouterMessage, ToRouter,
+    TokenDelta, Welcome, WorkerInbound, WorkerMessage, WorkerResult, decode_for_router,
+    decode_for_worker, encode,
 };
 use proptest::prelude::*;
 use serde_json::{Value, json};
@@ -464,9 +467,6 @@ proptest! {
 
 #[test]
 fn catalog_frames_round_trip_and_are_validated() {
-    use den_protocol::chunk::plan_chunks;
-    use den_protocol::chunk_catalog::ChunkEntry;
-    use den_protocol::wire::{Publish, PublishedChunk, Retract, RetractedChunk};
     let d = plan_chunks(&[1, 2, 3, 4], 2).remove(1);
     let entry = ChunkEntry {
         model: MODEL.into(),
@@ -550,7 +550,32 @@ fn hot_frames_decode_as_the_field_by_field_path_does() {
         token: 17,
         index: 4,
     });
-    for f in router_frames().iter().chain([&hb, &token]) {
+    let d = plan_chunks(&[1, 2, 3, 4], 2).remove(1);
+    let publish = ToRouter::Publish(Publish {
+        chunks: vec![PublishedChunk {
+            entry: ChunkEntry {
+                model: MODEL.into(),
+                hash: d.hash,
+                parent: d.parent,
+                start: d.start,
+                token_count: d.token_count,
+                bytes: 64,
+                object: false,
+            },
+            tiers: vec![Tier::Ssd],
+        }],
+    });
+    let retract = ToRouter::Retract(Retract {
+        chunks: vec![RetractedChunk {
+            model: MODEL.into(),
+            hash: d.hash,
+            tier: Tier::Ssd,
+        }],
+    });
+    for f in router_frames()
+        .iter()
+        .chain([&hb, &token, &publish, &retract])
+    {
         let mut v = value_of(&encode(f).unwrap());
         // Unknown extra fields (a newer peer's) and any key order are accepted.
         v["from_a_newer_peer"] = json!({"nested": [1, 2, 3]});
@@ -562,6 +587,13 @@ fn hot_frames_decode_as_the_field_by_field_path_does() {
     assert_eq!(
         at_worker(&frame(v)).unwrap(),
         WorkerInbound::Router(offer.clone())
+    );
+    // A published chunk has a token, on either path.
+    let mut empty = value_of(&encode(&publish).unwrap());
+    empty["chunks"][0]["entry"]["token_count"] = json!(0);
+    assert_eq!(
+        invalid_field(at_router(&frame(empty)).unwrap_err()).0,
+        "chunks.entry.token_count"
     );
     // A declined offer must say why, and a result's failure must match its status, on
     // either path.
