@@ -465,32 +465,42 @@ proptest! {
     }
 }
 
-#[test]
-fn catalog_frames_round_trip_and_are_validated() {
+/// A publication of one chunk (the second of a four-token prompt) held in `tiers`.
+fn publish_one(tiers: Vec<Tier>) -> ToRouter {
     let d = plan_chunks(&[1, 2, 3, 4], 2).remove(1);
-    let entry = ChunkEntry {
-        model: MODEL.into(),
-        hash: d.hash,
-        parent: d.parent,
-        start: d.start,
-        token_count: d.token_count,
-        bytes: 64,
-        object: true,
-    };
-    let publish = ToRouter::Publish(Publish {
+    ToRouter::Publish(Publish {
         chunks: vec![PublishedChunk {
-            entry: entry.clone(),
-            tiers: vec![Tier::Ram, Tier::Ssd],
+            entry: ChunkEntry {
+                model: MODEL.into(),
+                hash: d.hash,
+                parent: d.parent,
+                start: d.start,
+                token_count: d.token_count,
+                bytes: 64,
+                object: true,
+            },
+            tiers,
         }],
-    });
-    assert_eq!(at_router(&encode(&publish).unwrap()).unwrap(), publish);
-    let retract = ToRouter::Retract(Retract {
+    })
+}
+
+/// The retraction of that chunk's replica in `tier`.
+fn retract_one(tier: Tier) -> ToRouter {
+    let d = plan_chunks(&[1, 2, 3, 4], 2).remove(1);
+    ToRouter::Retract(Retract {
         chunks: vec![RetractedChunk {
             model: MODEL.into(),
             hash: d.hash,
-            tier: Tier::Ram,
+            tier,
         }],
-    });
+    })
+}
+
+#[test]
+fn catalog_frames_round_trip_and_are_validated() {
+    let publish = publish_one(vec![Tier::Ram, Tier::Ssd]);
+    assert_eq!(at_router(&encode(&publish).unwrap()).unwrap(), publish);
+    let retract = retract_one(Tier::Ram);
     assert_eq!(at_router(&encode(&retract).unwrap()).unwrap(), retract);
     // A GPU "replica" is not durable storage: refused with the field named.
     let mut bad = value_of(&encode(&publish).unwrap());
@@ -550,28 +560,8 @@ fn hot_frames_decode_as_the_field_by_field_path_does() {
         token: 17,
         index: 4,
     });
-    let d = plan_chunks(&[1, 2, 3, 4], 2).remove(1);
-    let publish = ToRouter::Publish(Publish {
-        chunks: vec![PublishedChunk {
-            entry: ChunkEntry {
-                model: MODEL.into(),
-                hash: d.hash,
-                parent: d.parent,
-                start: d.start,
-                token_count: d.token_count,
-                bytes: 64,
-                object: false,
-            },
-            tiers: vec![Tier::Ssd],
-        }],
-    });
-    let retract = ToRouter::Retract(Retract {
-        chunks: vec![RetractedChunk {
-            model: MODEL.into(),
-            hash: d.hash,
-            tier: Tier::Ssd,
-        }],
-    });
+    let publish = publish_one(vec![Tier::Ssd]);
+    let retract = retract_one(Tier::Ssd);
     for f in router_frames()
         .iter()
         .chain([&hb, &token, &publish, &retract])
