@@ -27,6 +27,9 @@ pub const OUTBOUND_QUEUE: usize = 4096;
 const BACKOFF_START: Duration = Duration::from_millis(100);
 const BACKOFF_CAP: Duration = Duration::from_secs(5);
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a stopping worker waits for its last frames to reach the socket.
+const FLUSH_AT_SHUTDOWN: Duration = Duration::from_secs(5);
+const SHUTTING_DOWN: &str = "worker is shutting down";
 
 /// Where and how to connect.
 #[derive(Debug, Clone)]
@@ -196,13 +199,13 @@ async fn session(
         .is_err()
     {
         writer.abort();
-        return Ok("worker is shutting down".into());
+        return Ok(SHUTTING_DOWN.into());
     }
     let mut unknown_logged = false;
     let reason = loop {
         let msg = tokio::select! {
             m = stream.next() => m,
-            _ = stop.changed() => break "worker is shutting down".to_owned(),
+            _ = stop.changed() => break SHUTTING_DOWN.to_owned(),
         };
         let msg = match msg {
             None => break "the router closed the connection".to_owned(),
@@ -236,7 +239,7 @@ async fn session(
                 }
                 let sent = events.send(LinkEvent::Inbound { conn, message }).await;
                 if sent.is_err() {
-                    break "worker is shutting down".to_owned();
+                    break SHUTTING_DOWN.to_owned();
                 }
             }
             // A newer router's message type passes (spec: unrelated messages pass
@@ -249,8 +252,16 @@ async fn session(
             Some(Err(e)) => tracing::error!("ignoring a frame from the router: {e}"),
         }
     };
-    // The writer ends when the actor drops its sender (on `Down`) or the socket fails.
-    drop(writer);
+    if reason == SHUTTING_DOWN {
+        // The actor has stopped and dropped its sender, so the writer ends once it has
+        // sent what the actor queued last — a drained request's final token and result —
+        // and the close frame. Waited for: the process exits right after this, and a
+        // writer still flushing would be cut off mid-stream.
+        let _ = tokio::time::timeout(FLUSH_AT_SHUTDOWN, writer).await;
+    } else {
+        // The writer ends when the actor drops its sender (on `Down`) or the socket fails.
+        drop(writer);
+    }
     Ok(reason)
 }
 
@@ -347,6 +358,8 @@ fn jitter(max: Duration) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use den_protocol::ids::{Epoch, NodeId};
+    use den_protocol::wire::{PROTOCOL_VERSION, RouterHandshake};
 
     #[test]
     fn router_addresses_normalise_to_the_agents_endpoint() {
@@ -365,5 +378,92 @@ mod tests {
                 .contains("no scheme")
         );
         assert!(agents_url("ftp://h").unwrap_err().contains("ftp"));
+    }
+
+    /// A stopping worker's last frames reach the router before its link returns: the
+    /// process exits right after, and a writer still flushing would be cut off — a
+    /// drained request's final token and result lost (seen once in `tests/run`, as
+    /// `agents_sigterm_drains_in_flight_work_then_exits` failing). The worker side runs
+    /// on its own current-thread runtime, dropped as soon as the link returns as a
+    /// process exit drops it; the router side is slow to read at first, so the frames
+    /// (more than the socket buffers hold) cannot all be out before the link stops.
+    #[test]
+    fn a_stopping_link_sends_what_the_actor_queued_last_and_closes() {
+        const FRAMES: usize = 160;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let router = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+                let (stream, _) = listener.accept().await.unwrap();
+                let mut ws = tokio_tungstenite::accept_async(stream).await.unwrap();
+                let _hello = ws.next().await;
+                let welcome = encode_text(&RouterHandshake::Welcome(Welcome {
+                    protocol_version: PROTOCOL_VERSION,
+                    heartbeat_interval_ms: 1000,
+                    heartbeat_timeout_ms: 5000,
+                }))
+                .unwrap();
+                ws.send(Message::text(welcome)).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                let (mut frames, mut closed) = (0, false);
+                while let Some(Ok(m)) = ws.next().await {
+                    match m {
+                        Message::Text(_) => frames += 1,
+                        Message::Close(_) => {
+                            closed = true;
+                            break;
+                        }
+                        _ => {}
+                    }
+                }
+                (frames, closed)
+            })
+        });
+        let worker = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        worker.block_on(async {
+            let opts = LinkOptions {
+                url: format!("ws://{addr}/v1/agents"),
+                token: None,
+                hello: Hello {
+                    protocol_version: PROTOCOL_VERSION,
+                    worker_id: WorkerId::new("w"),
+                    node: NodeId::new("n"),
+                    epoch: Epoch(1),
+                    credential: None,
+                },
+                max_frame: 1 << 20,
+            };
+            let (events_tx, mut events) = mpsc::channel(16);
+            let (stop_tx, mut stop_rx) = watch::channel(false);
+            let link = tokio::spawn(async move {
+                let (faults, metrics) = (Arc::new(Faults::default()), Metrics::new());
+                session(1, &opts, &events_tx, &faults, &metrics, &mut stop_rx).await
+            });
+            let Some(LinkEvent::Up { tx, .. }) = events.recv().await else {
+                panic!("the link did not come up");
+            };
+            let big = "x".repeat(64 * 1024);
+            for i in 0..FRAMES {
+                tx.try_send(format!("{{\"type\":\"pad\",\"i\":{i},\"x\":\"{big}\"}}"))
+                    .unwrap();
+            }
+            // What the actor does as it stops: its sender goes, then the link is told.
+            drop(tx);
+            stop_tx.send(true).unwrap();
+            assert_eq!(link.await.unwrap().unwrap(), SHUTTING_DOWN);
+        });
+        drop(worker);
+        let (frames, closed) = router.join().unwrap();
+        assert_eq!(frames, FRAMES, "frames queued before the stop went missing");
+        assert!(closed, "the link ended without a close frame");
     }
 }
