@@ -343,10 +343,7 @@ impl RouterActor {
                     control: Control::Drain { draining },
                 };
                 let sent = match (self.node.conn_of(&worker), encode_text(&frame)) {
-                    (Some(conn), Ok(text)) => self
-                        .conns
-                        .get(&conn)
-                        .is_some_and(|c| c.outbound.try_send(Outbound::Frame(text)).is_ok()),
+                    (Some(conn), Ok(text)) => self.queue_frame(conn, text, frame.control.kind()),
                     _ => false,
                 };
                 let _ = reply.send(sent);
