@@ -252,11 +252,12 @@ async fn session(
             Some(Err(e)) => tracing::error!("ignoring a frame from the router: {e}"),
         }
     };
-    if reason == SHUTTING_DOWN {
-        // The actor has stopped and dropped its sender, so the writer ends once it has
-        // sent what the actor queued last — a drained request's final token and result —
-        // and the close frame. Waited for: the process exits right after this, and a
-        // writer still flushing would be cut off mid-stream.
+    if *stop.borrow() || events.is_closed() {
+        // The worker is stopping: the actor has ended and dropped its sender, so the
+        // writer ends once it has sent what the actor queued last — a drained request's
+        // final token and result — and the close frame. Waited for: the process exits
+        // right after this, and a writer still flushing would be cut off mid-stream.
+        // (Otherwise the actor still holds the sender until it hears `Down`.)
         let _ = tokio::time::timeout(FLUSH_AT_SHUTDOWN, writer).await;
     } else {
         // The writer ends when the actor drops its sender (on `Down`) or the socket fails.
