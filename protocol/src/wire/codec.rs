@@ -87,9 +87,7 @@ pub enum WorkerInbound {
 
 /// Encode a frame as JSON bytes.
 pub fn encode<M: WireMessage>(message: &M) -> Result<Vec<u8>, CodecError> {
-    serde_json::to_vec(message).map_err(|e| CodecError::Encode {
-        detail: one_line(&e.to_string()),
-    })
+    encode_text(message).map(String::into_bytes)
 }
 
 /// Encode a frame as JSON text, for a WebSocket text message (no second copy to check

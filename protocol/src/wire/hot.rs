@@ -25,7 +25,7 @@ use crate::observation::Observation;
 use crate::request::{GenerationRequest, Token};
 
 /// The frame types read here. Any other type fails the typed pass the moment its `type`
-/// is read — den's peers write it first — so a publish of hundreds of chunks is not
+/// is read — den's peers write it first (`den_writes_a_frames_type_first`) — so a publish of hundreds of chunks is not
 /// scanned once here before the field-by-field path parses it.
 #[derive(serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -100,10 +100,18 @@ pub(super) fn for_router(bytes: &[u8]) -> Option<ToRouter> {
     }
 }
 
+/// The one frame type read here; as at the router, any other leaves at its `type`, which
+/// den writes right after the addressee (`den_writes_a_frames_type_first`).
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+enum WorkerHot {
+    Offer,
+}
+
 #[derive(serde::Deserialize)]
 struct WorkerFrame<'a> {
-    #[serde(rename = "type", borrow)]
-    ty: Cow<'a, str>,
+    #[serde(rename = "type")]
+    ty: WorkerHot,
     #[serde(borrow)]
     to: Cow<'a, str>,
     assignment: AssignmentId,
@@ -116,7 +124,8 @@ struct WorkerFrame<'a> {
 /// An offer addressed to `me`.
 pub(super) fn for_worker(bytes: &[u8], me: &WorkerId) -> Option<WorkerInbound> {
     let f: WorkerFrame = serde_json::from_slice(bytes).ok()?;
-    if f.ty != "offer" || f.to != me.as_str() {
+    let WorkerHot::Offer = f.ty;
+    if f.to != me.as_str() {
         return None;
     }
     let offer = Offer {

@@ -496,6 +496,23 @@ fn retract_one(tier: Tier) -> ToRouter {
     })
 }
 
+/// The one-pass decoders leave a frame of another type as soon as they read its `type`,
+/// which saves scanning it twice only if `type` comes early: den's encoder writes it
+/// first, after the addressee on frames to a worker.
+#[test]
+fn den_writes_a_frames_type_first() {
+    for f in router_frames()
+        .iter()
+        .chain([&publish_one(vec![Tier::Ssd]), &retract_one(Tier::Ssd)])
+    {
+        let text = String::from_utf8(encode(f).unwrap()).unwrap();
+        assert!(text.starts_with(r#"{"type":"#), "{text}");
+    }
+    let offer = encode(&to_near(RouterMessage::Offer(offer()))).unwrap();
+    let text = String::from_utf8(offer).unwrap();
+    assert!(text.starts_with(r#"{"to":"near","type":"#), "{text}");
+}
+
 #[test]
 fn catalog_frames_round_trip_and_are_validated() {
     let publish = publish_one(vec![Tier::Ram, Tier::Ssd]);
