@@ -25,8 +25,8 @@ use crate::observation::Observation;
 use crate::request::{GenerationRequest, Token};
 
 /// The frame types read here. Any other type fails the typed pass the moment its `type`
-/// is read — den's peers write it first (`den_writes_a_frames_type_first`) — so a publish of hundreds of chunks is not
-/// scanned once here before the field-by-field path parses it.
+/// is read — den's peers write it first (`den_writes_a_frames_type_first`) — so a frame
+/// of another type is not scanned whole here before the field-by-field path parses it.
 #[derive(serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 enum RouterHot {
