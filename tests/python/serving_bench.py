@@ -68,17 +68,21 @@ def main():
     for t in threads:
         t.join()
     wall = time.monotonic() - t0
-    gaps.sort()
-    ttfts.sort()
+    def p50(v):
+        return round(statistics.median(v), 1) if v else None
+
+    def p90(v):
+        return round(sorted(v)[int(len(v) * 0.9)], 1) if v else None
+
     print(json.dumps({
         "concurrency": n,
         "completion_tokens": sum(tokens),
         "wall_s": round(wall, 2),
         "tokens_per_s": round(sum(tokens) / wall, 1),
-        "itl_p50_ms": round(statistics.median(gaps), 1) if gaps else None,
-        "itl_p90_ms": round(gaps[int(len(gaps) * 0.9)], 1) if gaps else None,
-        "ttft_p50_ms": round(statistics.median(ttfts), 1) if ttfts else None,
-        "ttft_p90_ms": round(ttfts[int(len(ttfts) * 0.9)], 1) if ttfts else None,
+        "itl_p50_ms": p50(gaps),
+        "itl_p90_ms": p90(gaps),
+        "ttft_p50_ms": p50(ttfts),
+        "ttft_p90_ms": p90(ttfts),
     }))
 
 
