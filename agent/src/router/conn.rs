@@ -30,11 +30,15 @@ use crate::router::identity::Admission;
 pub const OUTBOUND_QUEUE: usize = 4096;
 
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a closing connection may take to send its last frames and hear the peer's
+/// close; a peer that does not read or never answers cannot hold it longer.
+const GOODBYE: Duration = Duration::from_secs(5);
 /// WebSocket close code 1008: policy violation.
 const POLICY: u16 = 1008;
 
 /// Serve one upgraded worker socket until it ends.
 pub async fn serve(socket: WebSocket, handle: RouterHandle) {
+    let _open = handle.shared().sockets.token();
     let conn = ConnectionId(handle.next_connection());
     let max_frame = handle.options().max_frame;
     let (mut sink, mut stream) = socket.split();
@@ -147,14 +151,24 @@ pub async fn serve(socket: WebSocket, handle: RouterHandle) {
     // would only spend a descriptor. After that first frame, silence is discovery's
     // business: a paused worker is detached but keeps its socket, so its late frames
     // still arrive on it and are fenced there.
+    // Once the router's actor stops (shutdown), nothing would take this connection's
+    // frames any more: stop reading, so the writer sends the `refused` the actor queued
+    // last and the connection closes.
     let silence = o.heartbeat_timeout.max(Duration::from_millis(1));
+    let mut closing = handle.shared().closing.subscribe();
     let mut heard = false;
     let mut unknown_logged = false;
     loop {
-        let next = if heard {
-            Ok(stream.next().await)
-        } else {
-            tokio::time::timeout(silence, stream.next()).await
+        let next = tokio::select! {
+            biased;
+            _ = closing.wait_for(|closed| *closed) => break,
+            next = async {
+                if heard {
+                    Ok(stream.next().await)
+                } else {
+                    tokio::time::timeout(silence, stream.next()).await
+                }
+            } => next,
         };
         let next = match next {
             Ok(next) => next,
@@ -230,7 +244,18 @@ pub async fn serve(socket: WebSocket, handle: RouterHandle) {
     }
     handle.send(Command::Disconnected { conn }).await;
     drop(outbound);
-    let _ = tokio::time::timeout(Duration::from_secs(5), writer).await;
+    // Read on, discarding, while the writer sends what is left and until the peer
+    // answers its close: a socket closed with unread bytes in it is reset, and a reset
+    // makes the peer's kernel discard what the peer had not read yet — the `refused`
+    // that says why included.
+    let drain = async {
+        while let Some(Ok(msg)) = stream.next().await {
+            if let Message::Close(_) = msg {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(GOODBYE, futures_util::future::join(writer, drain)).await;
 }
 
 /// Answer the handshake with `refused` and close.

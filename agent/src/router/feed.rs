@@ -16,6 +16,7 @@ use crate::router::actor::Command;
 pub const SEND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 pub async fn serve(socket: WebSocket, handle: RouterHandle) {
+    let _open = handle.shared().sockets.token();
     let (reply, rx) = oneshot::channel();
     handle.send(Command::Subscribe { reply }).await;
     let Ok((first, mut frames)) = rx.await else {

@@ -42,6 +42,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
+use tokio_util::task::TaskTracker;
 
 use den_protocol::chunk::DEFAULT_CHUNK_SIZE;
 use den_protocol::decision::DecisionRecord;
@@ -125,6 +126,11 @@ impl Default for RouterOptions {
 /// Commands buffered in the actor's inbox before submissions are refused as overload.
 pub const INBOX: usize = 65_536;
 
+/// On shutdown, how long worker connections and console feeds get to send their last
+/// frames and close once the actor stopped; a peer that does not read cannot hold the
+/// exit longer.
+const SOCKETS_AT_SHUTDOWN: Duration = Duration::from_secs(5);
+
 /// State shared by the actor and every handle.
 pub(crate) struct Shared {
     pub(crate) opts: RouterOptions,
@@ -139,8 +145,13 @@ pub(crate) struct Shared {
     next_connection: AtomicU64,
     next_request: AtomicU64,
     pub(crate) feed: broadcast::Sender<Arc<str>>,
-    /// Turns true when the actor stopped: console feeds close.
+    /// Turns true when the actor stopped: console feeds close, worker connections stop
+    /// reading and send what the actor queued last (its `refused: shutdown`).
     pub(crate) closing: watch::Sender<bool>,
+    /// Every open worker connection and console feed: `serve` waits (bounded) for them
+    /// to say goodbye before it returns, because a process that exits right after would
+    /// drop their last frames unsent.
+    pub(crate) sockets: TaskTracker,
     pub(crate) started_unix_ms: u64,
     /// The instance that served each completed request of a placed model, until its
     /// record is collected (the ingress names it as `served_by`).
@@ -397,6 +408,7 @@ impl RouterServer {
             next_request: AtomicU64::new(1),
             feed,
             closing: watch::channel(false).0,
+            sockets: TaskTracker::new(),
             started_unix_ms: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_millis() as u64)
@@ -473,6 +485,18 @@ impl RouterServer {
         let _ = stop_tx.send(());
         let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
         let _ = actor.await;
+        let sockets = &handle.shared.sockets;
+        sockets.close();
+        if tokio::time::timeout(SOCKETS_AT_SHUTDOWN, sockets.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                open = sockets.len(),
+                "closing with sockets that did not finish their goodbye within {} s",
+                SOCKETS_AT_SHUTDOWN.as_secs()
+            );
+        }
         tracing::info!("router stopped");
         Ok(())
     }

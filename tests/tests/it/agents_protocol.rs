@@ -469,3 +469,112 @@ async fn agents_api_keys_reach_only_inference_and_reload() {
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     assert_eq!(post_chat("key-two-bbbbbbbbbbbbbbbb").await.status(), 200);
 }
+
+/// A router that stops (SIGTERM) tells every worker why before it exits — `refused`
+/// with reason `shutdown`, then a close — even when that frame is queued behind
+/// megabytes the worker has not read yet: the exit waits (bounded) for each
+/// connection's last frames instead of dropping them with the process. Here a bare
+/// connection with a small receive buffer heartbeats as a roomy worker, is offered a
+/// prompt of 3.5 MB and reads nothing until the drain deadline has passed; a real
+/// worker, drained first, logs the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_a_stopping_router_tells_its_workers_why_before_it_exits() {
+    let mut router = start_router(Some("tok"), &["--drain-timeout", "300ms"]);
+    let worker = start_worker(&router, "w1", false, &[]);
+    router.wait_workers(&["w1"]).await;
+    let mut obs = router.observation("w1").await.expect("w1's observation");
+    assert!(
+        router
+            .post("/v1/workers/w1/drain")
+            .await
+            .status()
+            .is_success()
+    );
+
+    // The bare worker claims the real one's engine, with room for a very long prompt.
+    let addr: std::net::SocketAddr = router.url.trim_start_matches("http://").parse().unwrap();
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let tcp = socket.connect(addr).await.unwrap();
+    let mut req = format!("ws://{addr}/v1/agents")
+        .into_client_request()
+        .unwrap();
+    req.headers_mut()
+        .insert("authorization", HeaderValue::from_static("Bearer tok"));
+    let tcp = tokio_tungstenite::MaybeTlsStream::Plain(tcp);
+    let (mut ws, _) = tokio_tungstenite::client_async(req, tcp).await.unwrap();
+    ws.send(Message::text(hello(PROTOCOL_VERSION, "bare")))
+        .await
+        .unwrap();
+    let welcome = next_json(&mut ws).await.expect("welcome");
+    assert_eq!(welcome["type"], "welcome", "{welcome}");
+    for (k, v) in [
+        ("worker_id", json!("bare")),
+        ("node", json!("bare")),
+        ("max_context", json!(1 << 20)),
+        ("free_pages", json!(1 << 20)),
+        ("kv_budget_bytes", json!(1u64 << 40)),
+    ] {
+        obs[k] = v;
+    }
+    obs["pool"]["free"] = json!(1 << 20);
+    obs["pool"]["total_pages"] = json!(1 << 20);
+    let (mut sink, mut stream) = ws.split();
+    let heartbeats = tokio::spawn(async move {
+        for sequence in 1u64.. {
+            obs["sequence"] = json!(sequence);
+            let frame = json!({"type": "heartbeat", "observation": obs}).to_string();
+            if sink.send(Message::text(frame)).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    router.wait_workers(&["bare"]).await;
+    let mut b = body("long", &prompt(7, 500_000), 4);
+    b["model"] = "den-synthetic".into();
+    let _stream = router.stream(b).await;
+
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    router.proc.signal("TERM");
+    // Past the drain deadline (the offer is cancelled) before the worker reads.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let mut kinds = Vec::new();
+    let mut last = Value::Null;
+    let ended = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Some(Ok(msg)) = stream.next().await {
+            match msg {
+                Message::Text(t) => {
+                    last = serde_json::from_str(t.as_str()).unwrap_or(Value::Null);
+                    kinds.push(last["type"].as_str().unwrap_or("?").to_owned());
+                }
+                Message::Close(_) => return true,
+                _ => {}
+            }
+        }
+        false
+    })
+    .await;
+    // Hang up, as a worker told `refused` does (the router waits for that, bounded).
+    heartbeats.abort();
+    let _ = heartbeats.await;
+    drop(stream);
+    assert!(
+        kinds.iter().any(|k| k == "offer"),
+        "no offer came: {kinds:?} (ended: {ended:?})"
+    );
+    assert_eq!(ended, Ok(true), "no close frame after {kinds:?}");
+    assert_eq!(last["type"], "refused", "after {kinds:?}");
+    assert_eq!(last["reason"], "shutdown", "{}", last["detail"]);
+    assert_eq!(router.proc.wait_exit(Duration::from_secs(15)), Some(0));
+    wait_for(
+        "the real worker to log why it was disconnected",
+        Duration::from_secs(10),
+        || async {
+            let log = worker.proc.log();
+            log.contains("refused by the router (Shutdown)")
+                .then_some(())
+        },
+    )
+    .await;
+}
