@@ -257,8 +257,19 @@ async fn session(
         // writer ends once it has sent what the actor queued last — a drained request's
         // final token and result — and the close frame. Waited for: the process exits
         // right after this, and a writer still flushing would be cut off mid-stream.
-        // (Otherwise the actor still holds the sender until it hears `Down`.)
-        let _ = tokio::time::timeout(FLUSH_AT_SHUTDOWN, writer).await;
+        // (Otherwise the actor still holds the sender until it hears `Down`.) Reading
+        // goes on, discarding, until the router answers the close: a socket closed with
+        // unread bytes in it is reset, and the reset can make the router's kernel
+        // discard those last frames before the router has read them.
+        let drain = async {
+            while let Some(Ok(msg)) = stream.next().await {
+                if let Message::Close(_) = msg {
+                    break;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(FLUSH_AT_SHUTDOWN, futures_util::future::join(writer, drain))
+            .await;
     } else {
         // The writer ends when the actor drops its sender (on `Down`) or the socket fails.
         drop(writer);
