@@ -4,6 +4,13 @@
 //! decisions themselves live in `den-protocol`, and this crate interprets their effects
 //! with real sockets, timers, memory and storage.
 
+/// Every den-agent binary allocates through mimalloc: the router and the worker make
+/// and drop many small values per request and per frame (ids, records, frames, chunk
+/// hashes), which glibc's allocator serves slowly. BENCHMARKS.md ("The allocator") has
+/// the measured difference.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 pub mod api_keys;
 pub mod auth;
 pub mod cli;

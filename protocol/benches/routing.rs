@@ -1,5 +1,7 @@
 //! Routing decision cost: rank a request's candidates and handle its submission up to
-//! the first offer effect, for 8, 64 and 512 workers × 16 alternatives each.
+//! the first offer effect, for 8, 64 and 512 workers × 16 alternatives each; and the
+//! router node's whole handling of one request — submit, the worker's accept, its
+//! result — as den-agent's router drives it, for 1 and 8 workers.
 //!
 //! `cargo bench -p den-protocol --bench routing`
 // A benchmark may unwrap, expect and panic: a broken set-up should stop it loudly.
@@ -14,6 +16,10 @@ use den_protocol::request::GenerationRequest;
 use den_protocol::router::{Router, RouterEffect, RouterInput};
 use den_protocol::time::Millis;
 use divan::{Bencher, black_box};
+
+/// The allocator den-agent runs with (`agent/src/lib.rs`), so the figures are its.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() {
     divan::main();
@@ -117,4 +123,119 @@ fn rank_only(bencher: Bencher, workers: usize) {
     bencher
         .with_inputs(|| all.clone())
         .bench_local_values(|candidates| rank(&request, candidates));
+}
+
+mod node {
+    use std::sync::Arc;
+
+    use den_protocol::discovery::ConnectionId;
+    use den_protocol::ids::{AssignmentId, Epoch};
+    use den_protocol::observation::Observation;
+    use den_protocol::request::GenerationRequest;
+    use den_protocol::router::RouterConfig;
+    use den_protocol::router_node::{
+        DEFAULT_MAX_WAITING, NodeConfig, NodeEffect, NodeInput, Pin, RouterNode,
+    };
+    use den_protocol::time::Millis;
+    use den_protocol::wire::{
+        Heartbeat, OfferResult, ResultMessage, RouterMessage, ToRouter, WorkerResult,
+    };
+    use divan::{Bencher, black_box};
+
+    const MODEL: &str = "bench/model";
+
+    /// A node with `workers` idle workers, each on its own connection.
+    fn fleet(workers: usize) -> RouterNode {
+        let mut node = RouterNode::new(NodeConfig {
+            router: RouterConfig::default(),
+            heartbeat_timeout_ms: 60_000,
+            chunk_size: 16,
+            max_waiting: DEFAULT_MAX_WAITING,
+        });
+        for w in 0..workers {
+            let name = format!("worker-{w:04}");
+            let conn = ConnectionId(w as u64 + 1);
+            node.handle(
+                Millis(0),
+                NodeInput::Connected {
+                    conn,
+                    worker: name.as_str().into(),
+                    node: name.as_str().into(),
+                },
+            );
+            let mut o = Observation::new(name.as_str(), name.as_str());
+            o.epoch = Epoch(1);
+            o.sequence = 1;
+            o.models.insert(MODEL.into());
+            o.free_pages = 4_096;
+            o.page_size = 16;
+            o.prefill_ms_per_token = 0.05;
+            o.first_token_ms = 2.0;
+            node.handle(
+                Millis(0),
+                NodeInput::Frame {
+                    conn,
+                    frame: ToRouter::Heartbeat(Box::new(Heartbeat { observation: o })),
+                },
+            );
+        }
+        node
+    }
+
+    /// Submit, accept, complete: the three inputs one request brings the router node
+    /// at zero engine cost (what `den-agent-bench --latency` sends through it).
+    #[divan::bench(args = [1, 8])]
+    fn request_lifecycle(bencher: Bencher, workers: usize) {
+        let mut node = fleet(workers);
+        let mut i = 0u64;
+        let mut now = 1u64;
+        bencher.bench_local(|| {
+            i += 1;
+            now += 1;
+            let id = format!("r{i}");
+            let request =
+                Arc::new(GenerationRequest::new(id.as_str(), MODEL, (0..64).collect(), 1).unwrap());
+            let effects = node.handle(
+                Millis(now),
+                NodeInput::Submit {
+                    request,
+                    deadline: None,
+                    pin: Pin::Any,
+                },
+            );
+            let (conn, attempt) = effects
+                .iter()
+                .find_map(|e| match e {
+                    NodeEffect::Send { conn, frame } => match &frame.message {
+                        RouterMessage::Offer(o) => Some((*conn, o.assignment.attempt)),
+                        _ => None,
+                    },
+                    _ => None,
+                })
+                .expect("an offer");
+            let assignment = AssignmentId::new(id.as_str(), attempt);
+            black_box(node.handle(
+                Millis(now),
+                NodeInput::Frame {
+                    conn,
+                    frame: ToRouter::OfferResult(OfferResult {
+                        assignment: assignment.clone(),
+                        worker_epoch: Epoch(1),
+                        accepted: true,
+                        reason: None,
+                    }),
+                },
+            ));
+            black_box(node.handle(
+                Millis(now),
+                NodeInput::Frame {
+                    conn,
+                    frame: ToRouter::Result(ResultMessage {
+                        assignment,
+                        result: Box::new(WorkerResult::completed(vec![7], 0)),
+                    }),
+                },
+            ));
+        });
+    }
 }

@@ -17,6 +17,10 @@ use den_protocol::wire::{
     decode_for_router, encode_text,
 };
 
+/// The allocator den-agent runs with (`agent/src/lib.rs`), so the figures are its.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     divan::main();
 }
