@@ -370,8 +370,11 @@ fn jitter(max: Duration) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use den_protocol::ids::AssignmentId;
     use den_protocol::ids::{Epoch, NodeId};
-    use den_protocol::wire::{PROTOCOL_VERSION, RouterHandshake};
+    use den_protocol::wire::{
+        Cancel, OutboundToWorker, PROTOCOL_VERSION, RouterHandshake, RouterMessage,
+    };
 
     #[test]
     fn router_addresses_normalise_to_the_agents_endpoint() {
@@ -398,7 +401,10 @@ mod tests {
     /// `agents_sigterm_drains_in_flight_work_then_exits` failing). The worker side runs
     /// on its own current-thread runtime, dropped as soon as the link returns as a
     /// process exit drops it; the router side is slow to read at first, so the frames
-    /// (more than the socket buffers hold) cannot all be out before the link stops.
+    /// (more than the socket buffers hold) cannot all be out before the link stops. The
+    /// router side also sends cancels the worker never takes (its actor is gone), so the
+    /// link stops with unread bytes: unless it reads them off before it closes, the
+    /// close is a reset, and the reset discards its last frames on the router's side.
     #[test]
     fn a_stopping_link_sends_what_the_actor_queued_last_and_closes() {
         const FRAMES: usize = 160;
@@ -422,9 +428,28 @@ mod tests {
                 }))
                 .unwrap();
                 ws.send(Message::text(welcome)).await.unwrap();
+                // Cancels the worker has not read when it stops (its actor, which takes
+                // them, is gone): closing over unread bytes would reset the connection,
+                // and the reset would discard the worker's last frames still unread here.
+                let cancel = encode_text(&OutboundToWorker {
+                    to: WorkerId::new("w"),
+                    message: RouterMessage::Cancel(Cancel {
+                        assignment: AssignmentId::new("r", 1),
+                    }),
+                })
+                .unwrap();
+                let (mut sink, mut stream) = ws.split();
+                let cancels = tokio::spawn(async move {
+                    for _ in 0..4_000 {
+                        if sink.send(Message::text(cancel.clone())).await.is_err() {
+                            break;
+                        }
+                    }
+                    sink
+                });
                 tokio::time::sleep(Duration::from_millis(300)).await;
                 let (mut frames, mut closed) = (0, false);
-                while let Some(Ok(m)) = ws.next().await {
+                while let Some(Ok(m)) = stream.next().await {
                     match m {
                         Message::Text(_) => frames += 1,
                         Message::Close(_) => {
@@ -434,6 +459,7 @@ mod tests {
                         _ => {}
                     }
                 }
+                drop(cancels.await);
                 (frames, closed)
             })
         });
@@ -468,8 +494,10 @@ mod tests {
                 tx.try_send(format!("{{\"type\":\"pad\",\"i\":{i},\"x\":\"{big}\"}}"))
                     .unwrap();
             }
-            // What the actor does as it stops: its sender goes, then the link is told.
+            // What the actor does as it stops: its sender and its inbox go, then the
+            // link is told.
             drop(tx);
+            drop(events);
             stop_tx.send(true).unwrap();
             assert_eq!(link.await.unwrap().unwrap(), SHUTTING_DOWN);
         });
