@@ -30,9 +30,6 @@ use crate::router::identity::Admission;
 pub const OUTBOUND_QUEUE: usize = 4096;
 
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long a closing connection may take to send its last frames and hear the peer's
-/// close; a peer that does not read or never answers cannot hold it longer.
-const GOODBYE: Duration = Duration::from_secs(5);
 /// WebSocket close code 1008: policy violation.
 const POLICY: u16 = 1008;
 
@@ -244,18 +241,8 @@ pub async fn serve(socket: WebSocket, handle: RouterHandle) {
     }
     handle.send(Command::Disconnected { conn }).await;
     drop(outbound);
-    // Read on, discarding, while the writer sends what is left and until the peer
-    // answers its close: a socket closed with unread bytes in it is reset, and a reset
-    // makes the peer's kernel discard what the peer had not read yet — the `refused`
-    // that says why included.
-    let drain = async {
-        while let Some(Ok(msg)) = stream.next().await {
-            if let Message::Close(_) = msg {
-                break;
-            }
-        }
-    };
-    let _ = tokio::time::timeout(GOODBYE, futures_util::future::join(writer, drain)).await;
+    // The writer sends what is left (a `refused` saying why, or the close).
+    crate::ws::goodbye(writer, &mut stream, |m| matches!(m, Message::Close(_))).await;
 }
 
 /// Answer the handshake with `refused` and close.

@@ -126,11 +126,6 @@ impl Default for RouterOptions {
 /// Commands buffered in the actor's inbox before submissions are refused as overload.
 pub const INBOX: usize = 65_536;
 
-/// On shutdown, how long worker connections and console feeds get to send their last
-/// frames and close once the actor stopped; a peer that does not read cannot hold the
-/// exit longer.
-const SOCKETS_AT_SHUTDOWN: Duration = Duration::from_secs(5);
-
 /// State shared by the actor and every handle.
 pub(crate) struct Shared {
     pub(crate) opts: RouterOptions,
@@ -485,16 +480,17 @@ impl RouterServer {
         let _ = stop_tx.send(());
         let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
         let _ = actor.await;
+        // Each socket's own goodbye is bounded by the same (`crate::ws::goodbye`).
         let sockets = &handle.shared.sockets;
         sockets.close();
-        if tokio::time::timeout(SOCKETS_AT_SHUTDOWN, sockets.wait())
+        if tokio::time::timeout(crate::ws::GOODBYE, sockets.wait())
             .await
             .is_err()
         {
             tracing::warn!(
                 open = sockets.len(),
                 "closing with sockets that did not finish their goodbye within {} s",
-                SOCKETS_AT_SHUTDOWN.as_secs()
+                crate::ws::GOODBYE.as_secs()
             );
         }
         tracing::info!("router stopped");

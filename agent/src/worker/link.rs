@@ -27,8 +27,6 @@ pub const OUTBOUND_QUEUE: usize = 4096;
 const BACKOFF_START: Duration = Duration::from_millis(100);
 const BACKOFF_CAP: Duration = Duration::from_secs(5);
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long a stopping worker waits for its last frames to reach the socket.
-const FLUSH_AT_SHUTDOWN: Duration = Duration::from_secs(5);
 const SHUTTING_DOWN: &str = "worker is shutting down";
 
 /// Where and how to connect.
@@ -257,19 +255,8 @@ async fn session(
         // writer ends once it has sent what the actor queued last — a drained request's
         // final token and result — and the close frame. Waited for: the process exits
         // right after this, and a writer still flushing would be cut off mid-stream.
-        // (Otherwise the actor still holds the sender until it hears `Down`.) Reading
-        // goes on, discarding, until the router answers the close: a socket closed with
-        // unread bytes in it is reset, and the reset can make the router's kernel
-        // discard those last frames before the router has read them.
-        let drain = async {
-            while let Some(Ok(msg)) = stream.next().await {
-                if let Message::Close(_) = msg {
-                    break;
-                }
-            }
-        };
-        let _ = tokio::time::timeout(FLUSH_AT_SHUTDOWN, futures_util::future::join(writer, drain))
-            .await;
+        // (Otherwise the actor still holds the sender until it hears `Down`.)
+        crate::ws::goodbye(writer, &mut stream, |m| matches!(m, Message::Close(_))).await;
     } else {
         // The writer ends when the actor drops its sender (on `Down`) or the socket fails.
         drop(writer);
@@ -370,8 +357,7 @@ fn jitter(max: Duration) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use den_protocol::ids::AssignmentId;
-    use den_protocol::ids::{Epoch, NodeId};
+    use den_protocol::ids::{AssignmentId, Epoch, NodeId};
     use den_protocol::wire::{
         Cancel, OutboundToWorker, PROTOCOL_VERSION, RouterHandshake, RouterMessage,
     };

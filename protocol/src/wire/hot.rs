@@ -1,7 +1,8 @@
 //! The frames each side receives on every request, read in one pass straight into their
 //! types instead of through a JSON tree first (well under half the cost): at the router,
 //! heartbeats (one per worker per interval), offer results, token deltas, results and the
-//! publications and retractions of the chunks a request leaves; at a worker, offers. Only a frame that is valid is decoded here; anything else returns
+//! publications and retractions of the chunks a request leaves; at a worker, offers. Only
+//! a frame that is valid is decoded here; anything else returns
 //! `None` and takes the field-by-field path in `codec`, which names what was wrong — so
 //! the errors and the accepted frames are exactly that path's. Fields other than the
 //! type's are skipped, as that path ignores them.
