@@ -17,6 +17,10 @@ use den_protocol::pool::{Geometry, PagePool, RoutePolicy};
 use den_protocol::request::GenerationRequest;
 use den_protocol::time::Millis;
 
+/// The allocator den-agent runs with (`agent/src/lib.rs`), so the figures are its.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     divan::main();
 }

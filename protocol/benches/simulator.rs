@@ -14,6 +14,10 @@ use den_protocol::worker::Counters;
 use divan::counter::ItemsCount;
 use divan::{Bencher, black_box};
 
+/// The allocator den-agent runs with (`agent/src/lib.rs`), so the figures are its.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     divan::main();
 }
