@@ -1,8 +1,10 @@
 //! Decoding the frames a router receives on every request:
 //! `cargo bench -p den-protocol --bench wire`.
 //!
-//! A publication carries the chunks a completed request left (16 chunks: an 8 k-token
-//! prompt in 512-token chunks; 512: the most one frame carries).
+//! A publication carries the chunks a completed request left: 16 (an 8 k-token prompt in
+//! 512-token chunks) and 512 (the most one frame carries). The chunks here are 16 tokens
+//! long; a frame's size and decoding cost depend on how many chunks it holds, not on
+//! their length (a few digits of `start` and `token_count`).
 // A benchmark may unwrap, expect and panic: a broken set-up should stop it loudly.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
