@@ -56,7 +56,8 @@ pub fn parse<T: DeserializeOwned>(path: &Path, text: &str) -> Result<T, ConfigEr
     })
 }
 
-/// Parse a human duration such as `250ms`, `3s`, `2m`, `1h` (a bare number is seconds).
+/// Parse a human duration such as `200us`, `250ms`, `3s`, `2m`, `1h` (a bare number is
+/// seconds).
 pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
     let s = s.trim();
     let (num, unit) = match s.find(|c: char| !(c.is_ascii_digit() || c == '.')) {
@@ -67,11 +68,16 @@ pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
         .parse()
         .map_err(|_| format!("invalid duration {s:?}: expected e.g. 500ms, 10s, 2m"))?;
     let secs = match unit {
+        "us" | "µs" => n / 1e6,
         "ms" => n / 1000.0,
         "s" => n,
         "m" => n * 60.0,
         "h" => n * 3600.0,
-        _ => return Err(format!("invalid duration unit in {s:?}: use ms, s, m or h")),
+        _ => {
+            return Err(format!(
+                "invalid duration unit in {s:?}: use us, ms, s, m or h"
+            ));
+        }
     };
     if !secs.is_finite() || secs < 0.0 {
         return Err(format!("invalid duration {s:?}"));
@@ -149,6 +155,8 @@ mod tests {
     #[test]
     fn durations() {
         assert_eq!(parse_duration("250ms").unwrap().as_millis(), 250);
+        assert_eq!(parse_duration("200us").unwrap().as_micros(), 200);
+        assert_eq!(parse_duration("0µs").unwrap().as_micros(), 0);
         assert_eq!(parse_duration("3").unwrap().as_secs(), 3);
         assert_eq!(parse_duration("2m").unwrap().as_secs(), 120);
         assert!(parse_duration("2 parsecs").is_err());

@@ -194,6 +194,11 @@ pub struct WorkerArgs {
     /// next token, then prompt rows of requests still prefilling [default: 64].
     #[arg(long, env = "DEN_BATCH_TOKENS", value_name = "N")]
     pub batch_tokens: Option<u32>,
+    /// How long an idle device thread watches its queue before it sleeps: a sleeping
+    /// thread's wake-up costs tens of µs on a VM whose idle vCPUs halt; 0 sleeps at
+    /// once, at most 10ms [default: 200us].
+    #[arg(long, env = "DEN_IDLE_SPIN", value_name = "DURATION", value_parser = parse_duration)]
+    pub idle_spin: Option<Duration>,
     /// Synthetic engine: declared cost of one prompt row of a step, really spent on the device thread [default: 0.05].
     #[arg(long, env = "DEN_PREFILL_MS_PER_TOKEN", value_name = "MS")]
     pub prefill_ms_per_token: Option<f64>,

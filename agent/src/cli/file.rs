@@ -102,6 +102,7 @@ pub struct WorkerFile {
     pub model_file: Option<PathBuf>,
     pub model_threads: Option<usize>,
     pub batch_tokens: Option<u32>,
+    pub idle_spin: Option<String>,
     pub prefill_ms_per_token: Option<f64>,
     pub decode_ms_per_token: Option<f64>,
     pub first_token_ms: Option<f64>,

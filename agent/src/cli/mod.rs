@@ -17,7 +17,7 @@ use crate::engine::EngineCosts;
 use crate::router::RouterOptions;
 use crate::router::manage::ModelCatalog;
 use crate::tiers::ObjectConfig;
-use crate::worker::{DEFAULT_MODEL, WorkerOptions};
+use crate::worker::{DEFAULT_MODEL, MAX_IDLE_SPIN, WorkerOptions};
 
 mod args;
 mod file;
@@ -238,6 +238,16 @@ pub fn worker_options(a: &WorkerArgs, f: &WorkerFile) -> Result<WorkerOptions, S
     if o.batch_tokens == 0 {
         return Err("--batch-tokens must be positive".into());
     }
+    o.idle_spin = a
+        .idle_spin
+        .or(dur(&f.idle_spin, "worker.idle_spin")?)
+        .unwrap_or(o.idle_spin);
+    if o.idle_spin > MAX_IDLE_SPIN {
+        return Err(format!(
+            "--idle-spin {:?} is longer than {MAX_IDLE_SPIN:?}: an idle device thread would burn a core; use 0 to sleep at once",
+            o.idle_spin
+        ));
+    }
     let d = EngineCosts::default();
     o.costs = EngineCosts::new(
         a.prefill_ms_per_token
@@ -311,6 +321,7 @@ mod tests {
             ram_bytes = "2MiB"
             models = ["a", "b"]
             drain_timeout = "2s"
+            idle_spin = "50us"
             [router]
             chunk_size = 32
             "#,
@@ -328,7 +339,14 @@ mod tests {
         assert_eq!(o.page_size, 16, "default");
         assert_eq!(o.models.len(), 2);
         assert_eq!(o.drain_timeout, Duration::from_secs(2));
+        assert_eq!(o.idle_spin, Duration::from_micros(50), "file over default");
         assert_eq!(o.node.as_str(), "w1", "node defaults to the name");
+        let args = WorkerArgs {
+            idle_spin: Some(Duration::ZERO),
+            ..args
+        };
+        let o = worker_options(&args, &file.worker).unwrap();
+        assert_eq!(o.idle_spin, Duration::ZERO, "flag over file");
         let (_, r) = router_options(&RouterArgs::default(), &file.router).unwrap();
         assert_eq!(r.chunk_size, 32);
     }
@@ -351,6 +369,13 @@ mod tests {
                 .unwrap_err()
                 .contains("prefill")
         );
+        let args = WorkerArgs {
+            router: Some("ws://r:1".into()),
+            idle_spin: Some(Duration::from_millis(20)),
+            ..WorkerArgs::default()
+        };
+        let e = worker_options(&args, &WorkerFile::default()).unwrap_err();
+        assert!(e.contains("--idle-spin") && e.contains("10ms"), "{e}");
         let args = RouterArgs {
             heartbeat_interval: Some(Duration::from_secs(5)),
             ..RouterArgs::default()

@@ -99,6 +99,8 @@ pub struct WorkerOptions {
     pub model_threads: Option<usize>,
     /// Rows of one batched step of a real model (decode tokens first, then prompt rows).
     pub batch_tokens: u32,
+    /// How long the idle device thread polls its queue before it parks.
+    pub idle_spin: Duration,
     pub costs: EngineCosts,
     /// RAM tier capacity (0 disables the tier).
     pub ram_bytes: u64,
@@ -140,6 +142,7 @@ impl WorkerOptions {
             opened_model: None,
             model_threads: None,
             batch_tokens: DEFAULT_BATCH_TOKENS,
+            idle_spin: DEFAULT_IDLE_SPIN,
             costs: EngineCosts::default(),
             ram_bytes: 1 << 30,
             ssd_bytes: 0,
@@ -161,6 +164,19 @@ impl WorkerOptions {
 /// row than a longer one (den-model runs 64 rows per pass), and keeps a step, which every
 /// running decode waits for, to one pass.
 pub const DEFAULT_BATCH_TOKENS: u32 = 64;
+
+/// How long an idle device thread polls its queue before it parks. Waking a parked
+/// thread is a futex wake and, where the idle vCPU has halted, a VM exit and an
+/// inter-processor interrupt: 25–45 µs on the VMs den is measured on, whose kernels turn
+/// the guest's own halt-polling off (`haltpoll.guest_halt_poll_ns=0`; the kernel's
+/// default polls 200 µs for the same reason). A request that follows another within the
+/// window starts at once; an idle worker polls once, then sleeps (BENCHMARKS.md, "the
+/// device thread polls before it parks").
+pub const DEFAULT_IDLE_SPIN: Duration = Duration::from_micros(200);
+
+/// The longest `--idle-spin` accepted: past this, polling is a core burnt, not a wake
+/// saved.
+pub const MAX_IDLE_SPIN: Duration = Duration::from_millis(10);
 
 /// The model the synthetic engine serves when none is named.
 pub const DEFAULT_MODEL: &str = "den-synthetic";
@@ -371,6 +387,7 @@ pub async fn start(mut opts: WorkerOptions) -> Result<RunningWorker, WorkerError
             row_bytes: opts.kv_bytes_per_token,
             verify_restores: opts.verify_restores,
             batch_tokens: opts.batch_tokens,
+            idle_spin: opts.idle_spin,
         },
         metrics: Arc::clone(&metrics),
         calibration: Arc::clone(&calibration),

@@ -65,6 +65,7 @@ impl Harness {
                 row_bytes: ROW_BYTES,
                 verify_restores: false,
                 batch_tokens: 256,
+                idle_spin: crate::worker::DEFAULT_IDLE_SPIN,
             },
             metrics: Arc::new(Metrics::new()),
             calibration: Arc::new(Calibration::default()),

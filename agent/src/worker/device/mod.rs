@@ -76,6 +76,8 @@ pub struct DeviceConfig {
     pub verify_restores: bool,
     /// A real model's rows per step: every running decode's token, then prompt rows.
     pub batch_tokens: u32,
+    /// How long the thread polls its queue, once idle, before it parks.
+    pub idle_spin: std::time::Duration,
 }
 
 /// A unit of work for the device thread.
@@ -176,7 +178,7 @@ pub fn spawn(
     model: Option<ModelFile>,
     threads: Option<usize>,
 ) -> Result<DeviceHandle, String> {
-    let (tx, rx) = queue::job_queue();
+    let (tx, rx) = queue::job_queue(ctx.config.idle_spin);
     let (ready_tx, ready_rx) = std_mpsc::channel::<Result<(), String>>();
     let thread = std::thread::Builder::new()
         .name("den-device".into())

@@ -6,8 +6,10 @@
 //! showed in `perf` of `den-agent-bench --latency`).
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::thread::Thread;
+use std::time::{Duration, Instant};
 
 use super::Job;
 
@@ -15,6 +17,11 @@ struct Shared {
     state: Mutex<State>,
     /// The thread that pops, once it has asked for a job.
     consumer: OnceLock<Thread>,
+    /// Bumped after every push and at the close, so an idle consumer can watch for work
+    /// without taking the lock.
+    pushes: AtomicU64,
+    /// How long the consumer polls `pushes` before it parks (`--idle-spin`).
+    idle_spin: Duration,
 }
 
 #[derive(Default)]
@@ -33,6 +40,7 @@ impl Shared {
     }
 
     fn wake(&self) {
+        self.pushes.fetch_add(1, Ordering::Release);
         if let Some(t) = self.consumer.get() {
             t.unpark();
         }
@@ -45,10 +53,12 @@ pub(super) struct JobSender(Arc<Shared>);
 /// The device thread's end.
 pub(super) struct JobReceiver(Arc<Shared>);
 
-pub(super) fn job_queue() -> (JobSender, JobReceiver) {
+pub(super) fn job_queue(idle_spin: Duration) -> (JobSender, JobReceiver) {
     let shared = Arc::new(Shared {
         state: Mutex::new(State::default()),
         consumer: OnceLock::new(),
+        pushes: AtomicU64::new(0),
+        idle_spin,
     });
     (JobSender(Arc::clone(&shared)), JobReceiver(shared))
 }
@@ -88,11 +98,35 @@ impl JobReceiver {
         // Registered before the first look at the deque, so a push after that look
         // finds a thread to unpark (and an unpark before `park` makes it return).
         self.0.consumer.get_or_init(std::thread::current);
+        let mut spun = false;
         loop {
+            let seen = self.0.pushes.load(Ordering::Acquire);
             match self.try_recv() {
                 Polled::Job(job) => return Some(job),
                 Polled::Closed => return None,
+                Polled::Empty if !spun && !self.0.idle_spin.is_zero() => {
+                    spun = true;
+                    self.spin_while_idle(seen);
+                }
                 Polled::Empty => std::thread::park(),
+            }
+        }
+    }
+
+    /// Watches for a push for up to the queue's `idle_spin` before the thread parks
+    /// (why: [`crate::worker::DEFAULT_IDLE_SPIN`]). The unpark that came with a push
+    /// seen here stays pending, so the `park` after the next empty look returns at once.
+    fn spin_while_idle(&self, seen: u64) {
+        let until = Instant::now() + self.0.idle_spin;
+        loop {
+            for _ in 0..64 {
+                if self.0.pushes.load(Ordering::Acquire) != seen {
+                    return;
+                }
+                std::hint::spin_loop();
+            }
+            if Instant::now() >= until {
+                return;
             }
         }
     }
@@ -142,32 +176,44 @@ mod tests {
     }
 
     /// Jobs come out in order, across threads, and what was queued before the sender went
-    /// away still comes out before the end.
+    /// away still comes out before the end: whether the idle consumer parks at once,
+    /// polls a little, or polls longer than the producer's pauses (its pushes and the
+    /// close are then seen while it polls, and the unparks they left are spent later).
     #[test]
     fn jobs_arrive_in_order_then_the_close() {
-        let (tx, rx) = job_queue();
-        let consumer = std::thread::spawn(move || {
-            let mut seen = Vec::new();
-            while let Some(job) = id(rx.recv()) {
-                seen.push(job);
+        for spin in [0, 200, 10_000].map(Duration::from_micros) {
+            let (tx, rx) = job_queue(spin);
+            let consumer = std::thread::spawn(move || {
+                let mut seen = Vec::new();
+                while let Some(job) = id(rx.recv()) {
+                    seen.push(job);
+                }
+                seen
+            });
+            let mut replies = Vec::new();
+            for i in 0..1000 {
+                let (job, reply) = capture(i);
+                assert!(tx.send(job));
+                replies.push(reply);
+                if i % 100 == 0 {
+                    // Long enough for the consumer to run dry and poll or park.
+                    std::thread::sleep(Duration::from_millis(1));
+                }
             }
-            seen
-        });
-        let mut replies = Vec::new();
-        for i in 0..1000 {
-            let (job, reply) = capture(i);
-            assert!(tx.send(job));
-            replies.push(reply);
+            drop(tx);
+            assert_eq!(
+                consumer.join().unwrap(),
+                (0..1000).collect::<Vec<_>>(),
+                "idle spin {spin:?}"
+            );
         }
-        drop(tx);
-        assert_eq!(consumer.join().unwrap(), (0..1000).collect::<Vec<_>>());
     }
 
     /// Once the device thread is gone, `send` says so, and queued jobs are dropped (their
     /// waiters hear that).
     #[test]
     fn a_gone_receiver_refuses_jobs_and_drops_the_queued_ones() {
-        let (tx, rx) = job_queue();
+        let (tx, rx) = job_queue(Duration::from_micros(200));
         let (job, _first) = capture(1);
         assert!(tx.send(job));
         assert!(matches!(rx.try_recv(), Polled::Job(_)));
