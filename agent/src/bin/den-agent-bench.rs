@@ -19,7 +19,9 @@
 //!
 //! Usage: `cargo run --release -p den-agent --bin den-agent-bench [-- --quick]`
 //! (`-- --heartbeats` or `-- --latency` for that part alone; `-- --one-thread` runs the
-//! router and workers on one runtime thread instead of a work-stealing pool). Built with
+//! router and workers on one runtime thread instead of a work-stealing pool;
+//! `-- --idle-spin 200us` runs the workers with that `--idle-spin` instead of den-agent's
+//! default, 0). Built with
 //! `--features hop-trace`, the latency part also prints the median time of each hop of
 //! the path (`den_agent::hops`).
 
@@ -58,13 +60,33 @@ fn main() -> ExitCode {
 /// The flags this bench takes (see the module comment).
 const FLAGS: [&str; 4] = ["--quick", "--heartbeats", "--latency", "--one-thread"];
 
+/// `--idle-spin DURATION`: the workers' device threads poll that long before they park.
+fn idle_spin() -> Result<Duration, String> {
+    let mut args = std::env::args().skip_while(|a| a != "--idle-spin").skip(1);
+    match (std::env::args().any(|a| a == "--idle-spin"), args.next()) {
+        (false, _) => Ok(worker::DEFAULT_IDLE_SPIN),
+        (true, Some(v)) => {
+            den_agent::config::parse_duration(&v).map_err(|e| format!("--idle-spin: {e}"))
+        }
+        (true, None) => Err("--idle-spin needs a duration, e.g. 200us".into()),
+    }
+}
+
 fn run() -> Result<(), String> {
-    if let Some(bad) = std::env::args()
-        .skip(1)
-        .find(|a| !FLAGS.contains(&a.as_str()))
-    {
+    let spin = idle_spin()?;
+    let mut args = std::env::args().skip(1);
+    let mut bad = None;
+    while let Some(a) = args.next() {
+        if a == "--idle-spin" {
+            args.next();
+        } else if !FLAGS.contains(&a.as_str()) {
+            bad = Some(a);
+            break;
+        }
+    }
+    if let Some(bad) = bad {
         return Err(format!(
-            "unknown argument {bad:?}: it takes {}",
+            "unknown argument {bad:?}: it takes {}, --idle-spin DURATION",
             FLAGS.join(", ")
         ));
     }
@@ -89,7 +111,7 @@ fn run() -> Result<(), String> {
     }
     .map_err(|e| format!("runtime: {e}"))?;
     println!(
-        "den-agent-bench ({} build)",
+        "den-agent-bench ({} build; workers' --idle-spin {spin:?})",
         if cfg!(debug_assertions) {
             "debug"
         } else {
@@ -100,7 +122,7 @@ fn run() -> Result<(), String> {
     // handlers are: driven from `block_on` on the main thread instead, every delivery
     // would also wake a thread outside the runtime, which no deployment has.
     let median = rt
-        .block_on(async { tokio::spawn(latency(n_latency)).await })
+        .block_on(async { tokio::spawn(latency(n_latency, spin)).await })
         .map_err(|e| format!("latency task: {e}"))??;
     // After the agents are gone, so the reference runs on a quiet machine as den did.
     let (tcp, handoff) = machine_round_trips(n_latency)?;
@@ -112,7 +134,7 @@ fn run() -> Result<(), String> {
         return Ok(());
     }
     heartbeats(hb_secs)?;
-    rt.block_on(throughput(n_throughput))
+    rt.block_on(throughput(n_throughput, spin))
 }
 
 /// A router on 127.0.0.1:0 in the current runtime.
@@ -133,7 +155,7 @@ async fn router() -> Result<(RouterHandle, SocketAddr), String> {
     Ok((handle, addr))
 }
 
-async fn workers(addr: SocketAddr, n: usize) -> Result<Vec<RunningWorker>, String> {
+async fn workers(addr: SocketAddr, n: usize, spin: Duration) -> Result<Vec<RunningWorker>, String> {
     let mut out = Vec::new();
     for i in 0..n {
         let dir = std::env::temp_dir().join(format!("den-bench-{}-w{i}", std::process::id()));
@@ -144,6 +166,7 @@ async fn workers(addr: SocketAddr, n: usize) -> Result<Vec<RunningWorker>, Strin
         o.kv_bytes_per_token = 256;
         o.chunk_size = 16;
         o.verify_restores = false;
+        o.idle_spin = spin;
         out.push(worker::start(o).await.map_err(|e| format!("worker: {e}"))?);
     }
     Ok(out)
@@ -186,9 +209,9 @@ async fn run_one(h: &RouterHandle, i: u64) -> bool {
 }
 
 /// One request at a time; returns the median round trip, µs.
-async fn latency(n: usize) -> Result<f64, String> {
+async fn latency(n: usize, spin: Duration) -> Result<f64, String> {
     let (h, addr) = router().await?;
-    let ws = workers(addr, 1).await?;
+    let ws = workers(addr, 1, spin).await?;
     wait_workers(&h, 1).await;
     for i in 0..50 {
         run_one(&h, 1_000_000 + i).await; // warm-up
@@ -444,9 +467,9 @@ async fn heartbeat_client(addr: SocketAddr, c: usize, stop: Arc<AtomicBool>) {
     }
 }
 
-async fn throughput(n: usize) -> Result<(), String> {
+async fn throughput(n: usize, spin: Duration) -> Result<(), String> {
     let (h, addr) = router().await?;
-    let ws = workers(addr, 3).await?;
+    let ws = workers(addr, 3, spin).await?;
     wait_workers(&h, 3).await;
     let in_flight = 64;
     let next = Arc::new(AtomicU64::new(0));

@@ -194,9 +194,9 @@ pub struct WorkerArgs {
     /// next token, then prompt rows of requests still prefilling [default: 64].
     #[arg(long, env = "DEN_BATCH_TOKENS", value_name = "N")]
     pub batch_tokens: Option<u32>,
-    /// How long an idle device thread watches its queue before it sleeps: a sleeping
-    /// thread's wake-up costs tens of µs on a VM whose idle vCPUs halt; 0 sleeps at
-    /// once, at most 10ms [default: 200us].
+    /// How long an idle device thread watches its queue before it sleeps, e.g. 200us: a
+    /// sleeping thread's wake-up costs tens of µs on a VM whose idle vCPUs halt, but the
+    /// watching thread holds a core; at most 10ms [default: 0, sleep at once].
     #[arg(long, env = "DEN_IDLE_SPIN", value_name = "DURATION", value_parser = parse_duration)]
     pub idle_spin: Option<Duration>,
     /// Synthetic engine: declared cost of one prompt row of a step, really spent on the device thread [default: 0.05].

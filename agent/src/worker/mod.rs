@@ -165,14 +165,16 @@ impl WorkerOptions {
 /// running decode waits for, to one pass.
 pub const DEFAULT_BATCH_TOKENS: u32 = 64;
 
-/// How long an idle device thread polls its queue before it parks. Waking a parked
-/// thread is a futex wake and, where the idle vCPU has halted, a VM exit and an
-/// inter-processor interrupt: 25–45 µs on the VMs den is measured on, whose kernels turn
-/// the guest's own halt-polling off (`haltpoll.guest_halt_poll_ns=0`; the kernel's
-/// default polls 200 µs for the same reason). A request that follows another within the
-/// window starts at once; an idle worker polls once, then sleeps (BENCHMARKS.md, "the
-/// device thread polls before it parks").
-pub const DEFAULT_IDLE_SPIN: Duration = Duration::from_micros(200);
+/// How long an idle device thread polls its queue before it parks (`--idle-spin`); by
+/// default it parks at once. Waking a parked thread is a futex wake and, where the idle
+/// vCPU has halted, a VM exit and an inter-processor interrupt: 25–45 µs on the VMs den is
+/// measured on, whose kernels turn the guest's own halt-polling off
+/// (`haltpoll.guest_halt_poll_ns=0`). Polling 200 µs halves the loopback bench's round
+/// trip there, but the polling thread holds a core the rest of the path needs: on those
+/// 2-vCPU VMs it cost the bench's throughput a fifth and made sequential HTTP requests
+/// to separate router and worker processes no faster (BENCHMARKS.md, "Polling before
+/// parking"). So it is an operator's choice for hosts with cores to spare, not a default.
+pub const DEFAULT_IDLE_SPIN: Duration = Duration::ZERO;
 
 /// The longest `--idle-spin` accepted: past this, polling is a core burnt, not a wake
 /// saved.
