@@ -89,6 +89,13 @@ pub async fn serve(socket: WebSocket, handle: RouterHandle) {
             return;
         }
     }
+    // Past the drain the actor is gone and cannot say why (it told the workers it had);
+    // a worker that connects in the moment before the listener stops is told here.
+    if *handle.shared().closing.borrow() {
+        let detail = "the router is shutting down".to_owned();
+        refuse(&handle, &mut sink, RefusalReason::Shutdown, detail).await;
+        return;
+    }
     let o = handle.options();
     let welcome = RouterHandshake::Welcome(Welcome {
         protocol_version: PROTOCOL_VERSION,

@@ -470,6 +470,34 @@ async fn agents_api_keys_reach_only_inference_and_reload() {
     assert_eq!(post_chat("key-two-bbbbbbbbbbbbbbbb").await.status(), 200);
 }
 
+/// A worker that connects after the router's drain has ended, in the moment before its
+/// listener stops, is told `refused: shutdown` rather than welcomed by a router whose
+/// actor is gone. In-process (`RouterServer`), so the test can hold that moment open:
+/// the actor has stopped, the listener still accepts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_a_worker_connecting_after_the_drain_is_refused_with_shutdown() {
+    use den_agent::router::{RouterOptions, RouterServer};
+    let listener = RouterServer::bind(([127, 0, 0, 1], 0).into())
+        .await
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = RouterServer::start(RouterOptions::default());
+    let handle = server.handle();
+    tokio::spawn(server.serve(listener, std::future::pending()));
+    handle.shutdown(Duration::ZERO).await;
+
+    let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{addr}/v1/agents"))
+        .await
+        .expect("the listener still accepts");
+    ws.send(Message::text(hello(PROTOCOL_VERSION, "late")))
+        .await
+        .unwrap();
+    let answer = next_json(&mut ws).await.expect("an answer to hello");
+    assert_eq!(answer["type"], "refused", "{answer}");
+    assert_eq!(answer["reason"], "shutdown", "{answer}");
+    assert_closed(&mut ws).await;
+}
+
 /// A router that stops (SIGTERM) tells every worker why before it exits — `refused`
 /// with reason `shutdown`, then a close — even when that frame is queued behind
 /// megabytes the worker has not read yet: the exit waits (bounded) for each
