@@ -60,47 +60,64 @@ fn main() -> ExitCode {
 /// The flags this bench takes (see the module comment).
 const FLAGS: [&str; 4] = ["--quick", "--heartbeats", "--latency", "--one-thread"];
 
-/// `--idle-spin DURATION`: the workers' device threads poll that long before they park.
-fn idle_spin() -> Result<Duration, String> {
-    let mut args = std::env::args().skip_while(|a| a != "--idle-spin").skip(1);
-    match (std::env::args().any(|a| a == "--idle-spin"), args.next()) {
-        (false, _) => Ok(worker::DEFAULT_IDLE_SPIN),
-        (true, Some(v)) => {
-            den_agent::config::parse_duration(&v).map_err(|e| format!("--idle-spin: {e}"))
+/// The command line, read once: the flags given, and `--idle-spin DURATION` (the workers'
+/// device threads poll that long before they park).
+struct Args {
+    flags: Vec<String>,
+    spin: Duration,
+}
+
+impl Args {
+    fn parse() -> Result<Args, String> {
+        let mut args = std::env::args().skip(1);
+        let mut out = Args {
+            flags: Vec::new(),
+            spin: worker::DEFAULT_IDLE_SPIN,
+        };
+        while let Some(a) = args.next() {
+            if a == "--idle-spin" {
+                let v = args
+                    .next()
+                    .ok_or("--idle-spin needs a duration, e.g. 200us")?;
+                out.spin = den_agent::config::parse_duration(&v)
+                    .map_err(|e| format!("--idle-spin: {e}"))?;
+                if out.spin > worker::MAX_IDLE_SPIN {
+                    return Err(format!(
+                        "--idle-spin {v} is longer than {:?}, as den-agent allows",
+                        worker::MAX_IDLE_SPIN
+                    ));
+                }
+            } else if FLAGS.contains(&a.as_str()) {
+                out.flags.push(a);
+            } else {
+                return Err(format!(
+                    "unknown argument {a:?}: it takes {}, --idle-spin DURATION",
+                    FLAGS.join(", ")
+                ));
+            }
         }
-        (true, None) => Err("--idle-spin needs a duration, e.g. 200us".into()),
+        Ok(out)
+    }
+
+    fn has(&self, flag: &str) -> bool {
+        self.flags.iter().any(|f| f == flag)
     }
 }
 
 fn run() -> Result<(), String> {
-    let spin = idle_spin()?;
-    let mut args = std::env::args().skip(1);
-    let mut bad = None;
-    while let Some(a) = args.next() {
-        if a == "--idle-spin" {
-            args.next();
-        } else if !FLAGS.contains(&a.as_str()) {
-            bad = Some(a);
-            break;
-        }
-    }
-    if let Some(bad) = bad {
-        return Err(format!(
-            "unknown argument {bad:?}: it takes {}, --idle-spin DURATION",
-            FLAGS.join(", ")
-        ));
-    }
-    let quick = std::env::args().any(|a| a == "--quick");
+    let args = Args::parse()?;
+    let spin = args.spin;
+    let quick = args.has("--quick");
     let n_latency = if quick { 300 } else { 3000 };
     let n_throughput = if quick { 2000 } else { 20000 };
     let hb_secs = if quick { 1.0 } else { 3.0 };
-    if std::env::args().any(|a| a == "--heartbeats") {
+    if args.has("--heartbeats") {
         return heartbeats(hb_secs);
     }
-    let latency_only = std::env::args().any(|a| a == "--latency");
+    let latency_only = args.has("--latency");
     // `--one-thread`: the router and the workers on one runtime thread (the device
     // threads stay theirs), to show what the runtime's own wake-ups cost.
-    let rt = if std::env::args().any(|a| a == "--one-thread") {
+    let rt = if args.has("--one-thread") {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
