@@ -20,8 +20,6 @@ struct Shared {
     /// Bumped after every push and at the close, so an idle consumer can watch for work
     /// without taking the lock.
     pushes: AtomicU64,
-    /// How long the consumer polls `pushes` before it parks (`--idle-spin`).
-    idle_spin: Duration,
 }
 
 #[derive(Default)]
@@ -51,16 +49,22 @@ impl Shared {
 pub(super) struct JobSender(Arc<Shared>);
 
 /// The device thread's end.
-pub(super) struct JobReceiver(Arc<Shared>);
+pub(super) struct JobReceiver {
+    shared: Arc<Shared>,
+    /// How long it polls `pushes` before it parks (`--idle-spin`).
+    idle_spin: Duration,
+}
 
 pub(super) fn job_queue(idle_spin: Duration) -> (JobSender, JobReceiver) {
     let shared = Arc::new(Shared {
         state: Mutex::new(State::default()),
         consumer: OnceLock::new(),
         pushes: AtomicU64::new(0),
-        idle_spin,
     });
-    (JobSender(Arc::clone(&shared)), JobReceiver(shared))
+    (
+        JobSender(Arc::clone(&shared)),
+        JobReceiver { shared, idle_spin },
+    )
 }
 
 impl JobSender {
@@ -97,14 +101,14 @@ impl JobReceiver {
     pub(super) fn recv(&self) -> Option<Job> {
         // Registered before the first look at the deque, so a push after that look
         // finds a thread to unpark (and an unpark before `park` makes it return).
-        self.0.consumer.get_or_init(std::thread::current);
+        self.shared.consumer.get_or_init(std::thread::current);
         let mut spun = false;
         loop {
-            let seen = self.0.pushes.load(Ordering::Acquire);
+            let seen = self.shared.pushes.load(Ordering::Acquire);
             match self.try_recv() {
                 Polled::Job(job) => return Some(job),
                 Polled::Closed => return None,
-                Polled::Empty if !spun && !self.0.idle_spin.is_zero() => {
+                Polled::Empty if !spun && !self.idle_spin.is_zero() => {
                     spun = true;
                     self.spin_while_idle(seen);
                 }
@@ -117,10 +121,10 @@ impl JobReceiver {
     /// (why: [`crate::worker::DEFAULT_IDLE_SPIN`]). The unpark that came with a push
     /// seen here stays pending, so the `park` after the next empty look returns at once.
     fn spin_while_idle(&self, seen: u64) {
-        let until = Instant::now() + self.0.idle_spin;
+        let until = Instant::now() + self.idle_spin;
         loop {
             for _ in 0..64 {
-                if self.0.pushes.load(Ordering::Acquire) != seen {
+                if self.shared.pushes.load(Ordering::Acquire) != seen {
                     return;
                 }
                 std::hint::spin_loop();
@@ -132,7 +136,7 @@ impl JobReceiver {
     }
 
     pub(super) fn try_recv(&self) -> Polled {
-        let mut state = self.0.lock();
+        let mut state = self.shared.lock();
         match state.jobs.pop_front() {
             Some(job) => Polled::Job(job),
             None if state.closed => Polled::Closed,
@@ -144,7 +148,7 @@ impl JobReceiver {
 impl Drop for JobReceiver {
     fn drop(&mut self) {
         // Jobs still queued are dropped with it: their oneshot replies say so.
-        let mut state = self.0.lock();
+        let mut state = self.shared.lock();
         state.gone = true;
         state.jobs.clear();
     }
