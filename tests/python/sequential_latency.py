@@ -23,7 +23,21 @@ def main():
     if len(sys.argv) not in (2, 3):
         sys.exit("usage: sequential_latency.py URL [REQUESTS]")
     url = urllib.parse.urlparse(sys.argv[1])
-    n = int(sys.argv[2]) if len(sys.argv) == 3 else 2000
+    if url.scheme != "http" or not url.hostname:
+        sys.exit(f"sequential_latency.py: {sys.argv[1]!r} is not an http://HOST:PORT URL")
+    try:
+        n = int(sys.argv[2]) if len(sys.argv) == 3 else 2000
+    except ValueError:
+        n = 0
+    if n < 1:
+        sys.exit(f"sequential_latency.py: REQUESTS must be a positive number, not {sys.argv[2]!r}")
+    try:
+        run(url, n)
+    except (OSError, ValueError, http.client.HTTPException) as e:
+        sys.exit(f"sequential_latency.py: {url.geturl()}: {e}")
+
+
+def run(url, n):
     conn = http.client.HTTPConnection(url.hostname, url.port or 80, timeout=10)
     samples = []
     for i in range(n + 50):
